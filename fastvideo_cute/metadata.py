@@ -1,0 +1,79 @@
+"""Block-map metadata: index lists and logical -> physical block expansion.
+
+Everything here is plain torch on the tensors' own device: no host synchronisation, no
+atomics, and a result that depends only on the input values (sorted lists).
+
+Layouts (all int32, GPU-resident when the map is):
+- q2k: ``idx [B, H, Qb, KVb]`` (first ``num[b, h, i]`` entries are the kv blocks query block
+  i selected, ascending; the rest is filler that kernels never read), ``num [B, H, Qb]``.
+- k2q: the transpose, ``idx [B, H, KVb, Qb]``, ``num [B, H, KVb]``.
+"""
+
+from __future__ import annotations
+
+from typing import Tuple
+
+import torch
+
+__all__ = [
+    "map_to_index",
+    "index_to_map",
+    "invert_indices",
+    "expand_block_map",
+    "split_block_sizes",
+]
+
+
+def map_to_index(block_map: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Bool map ``[..., R, C]`` -> ``(idx [..., R, C] int32, num [..., R] int32)``.
+
+    Selected columns come first in ascending order (a stable sort on "not selected").
+    """
+    if block_map.dtype != torch.bool:
+        block_map = block_map != 0
+    num = block_map.sum(dim=-1, dtype=torch.int32)
+    # uint8 keys: 0 = selected, 1 = not; a stable sort keeps the column order inside each group.
+    keys = (~block_map).to(torch.uint8)
+    _, idx = torch.sort(keys, dim=-1, stable=True)
+    return idx.to(torch.int32), num
+
+
+def index_to_map(idx: torch.Tensor, num: torch.Tensor, num_cols: int) -> torch.Tensor:
+    """Inverse of :func:`map_to_index`: ``[..., R, num_cols]`` bool."""
+    width = idx.shape[-1]
+    slot = torch.arange(width, device=idx.device, dtype=torch.int32)
+    used = slot < num.unsqueeze(-1)
+    out = torch.zeros(*idx.shape[:-1], num_cols + 1, dtype=torch.bool, device=idx.device)
+    # Unused slots scatter into a spare trailing column that is dropped afterwards.
+    target = torch.where(used, idx.to(torch.int64), torch.full_like(idx, num_cols, dtype=torch.int64))
+    out.scatter_(-1, target, True)
+    return out[..., :num_cols]
+
+
+def invert_indices(
+    q2k_idx: torch.Tensor, q2k_num: torch.Tensor, num_kv_blocks: int
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """q2k lists -> k2q lists (``idx [..., KVb, Qb]``, ``num [..., KVb]``), sorted ascending."""
+    block_map = index_to_map(q2k_idx, q2k_num, num_kv_blocks)
+    return map_to_index(block_map.transpose(-2, -1))
+
+
+def expand_block_map(block_map: torch.Tensor, q_factor: int, kv_factor: int) -> torch.Tensor:
+    """Logical map -> physical map: each logical q block becomes ``q_factor`` physical ones,
+    each kv block ``kv_factor``; a physical pair is selected iff its logical pair is."""
+    out = block_map
+    if q_factor != 1:
+        out = out.repeat_interleave(q_factor, dim=-2)
+    if kv_factor != 1:
+        out = out.repeat_interleave(kv_factor, dim=-1)
+    return out
+
+
+def split_block_sizes(block_sizes: torch.Tensor, factor: int, physical_block: int) -> torch.Tensor:
+    """Logical sizes -> physical sizes: ``clamp(size - physical_block * i, 0, physical_block)``
+    for ``i < factor``, so the valid tokens stay the leading ones."""
+    sizes = block_sizes.to(torch.int32)
+    if factor == 1:
+        return sizes.contiguous()
+    offsets = torch.arange(factor, device=sizes.device, dtype=torch.int32) * physical_block
+    return torch.clamp(sizes[:, None] - offsets[None, :], min=0, max=physical_block).reshape(-1)
