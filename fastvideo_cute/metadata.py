@@ -35,7 +35,7 @@ def map_to_index(block_map: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     # uint8 keys: 0 = selected, 1 = not; a stable sort keeps the column order inside each group.
     keys = (~block_map).to(torch.uint8)
     _, idx = torch.sort(keys, dim=-1, stable=True)
-    return idx.to(torch.int32), num
+    return idx.to(torch.int32).contiguous(), num.contiguous()
 
 
 def index_to_map(idx: torch.Tensor, num: torch.Tensor, num_cols: int) -> torch.Tensor:

@@ -1,0 +1,40 @@
+"""fastvideo-cute: VSA (Video Sparse Attention) block-sparse attention for video DiTs.
+
+Routes: Triton (any CUDA GPU; CPU tensors under ``TRITON_INTERPRET=1``) and CuTe (opt-in with
+``FASTVIDEO_VSA_CUTEDSL=1``: FlashAttention-4 block sparsity and our own CuTe DSL kernels).
+Importing this package imports neither Triton kernels nor the CuTe DSL: they load on first use.
+"""
+
+from .api import (
+    block_sparse_attn,
+    block_sparse_attn_128,
+    block_sparse_attn_128_bshd,
+    block_sparse_attn_256,
+    block_sparse_attn_256_bshd,
+    block_sparse_attn_bshd,
+    topk_block_map,
+    video_sparse_attn,
+    video_sparse_attn_bshd,
+)
+from .metadata import expand_block_map, invert_indices, map_to_index, split_block_sizes
+from .routes import RouteError
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "block_sparse_attn",
+    "block_sparse_attn_bshd",
+    "block_sparse_attn_128",
+    "block_sparse_attn_128_bshd",
+    "block_sparse_attn_256",
+    "block_sparse_attn_256_bshd",
+    "video_sparse_attn",
+    "video_sparse_attn_bshd",
+    "topk_block_map",
+    "map_to_index",
+    "invert_indices",
+    "expand_block_map",
+    "split_block_sizes",
+    "RouteError",
+    "__version__",
+]

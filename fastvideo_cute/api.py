@@ -1,0 +1,179 @@
+"""Public API (FastVideo-compatible names and signatures).
+
+Block-sparse attention: ``block_sparse_attn`` (64-token blocks), ``block_sparse_attn_128``,
+``block_sparse_attn_256`` and their ``_bshd`` twins, each returning ``(out, lse)`` with ``lse``
+natural-log fp32 ``[B, H, S_q]`` (see docs/semantics.md). VSA: ``video_sparse_attn`` and
+``video_sparse_attn_bshd`` (compression branch + top-k selection + sparse branch + gate).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence, Tuple, Union
+
+import torch
+from torch import Tensor
+
+from .ops import block_sparse_attn_op
+from .validation import check_block_map, check_block_sizes, check_qkv
+
+__all__ = [
+    "block_sparse_attn",
+    "block_sparse_attn_bshd",
+    "block_sparse_attn_128",
+    "block_sparse_attn_128_bshd",
+    "block_sparse_attn_256",
+    "block_sparse_attn_256_bshd",
+    "video_sparse_attn",
+    "video_sparse_attn_bshd",
+    "topk_block_map",
+]
+
+
+def _block_sparse(q, k, v, block_map, variable_block_sizes, block_size: int, bshd: bool) -> Tuple[Tensor, Tensor]:
+    shapes = check_qkv(q, k, v, bshd=bshd, block_size=block_size)
+    block_map = check_block_map(block_map, shapes, block_size, q.device)
+    sizes = check_block_sizes(variable_block_sizes, shapes.kv_len // block_size, block_size, q.device)
+    return block_sparse_attn_op(q, k, v, block_map, sizes, block_size=block_size, bshd=bshd,
+                                sm_scale=shapes.head_dim ** -0.5)
+
+
+def block_sparse_attn(q: Tensor, k: Tensor, v: Tensor, block_map: Tensor,
+                      variable_block_sizes: Tensor) -> Tuple[Tensor, Tensor]:
+    """Block-sparse attention over 64-token blocks, ``[B, H, S, D]``. Returns ``(out, lse)``."""
+    return _block_sparse(q, k, v, block_map, variable_block_sizes, 64, False)
+
+
+def block_sparse_attn_bshd(q: Tensor, k: Tensor, v: Tensor, block_map: Tensor,
+                           variable_block_sizes: Tensor) -> Tuple[Tensor, Tensor]:
+    """:func:`block_sparse_attn` for ``[B, S, H, D]`` tensors (``lse`` stays ``[B, H, S]``)."""
+    return _block_sparse(q, k, v, block_map, variable_block_sizes, 64, True)
+
+
+def block_sparse_attn_128(q: Tensor, k: Tensor, v: Tensor, block_map: Tensor,
+                          variable_block_sizes: Tensor) -> Tuple[Tensor, Tensor]:
+    """Block-sparse attention over 128-token blocks, ``[B, H, S, D]``."""
+    return _block_sparse(q, k, v, block_map, variable_block_sizes, 128, False)
+
+
+def block_sparse_attn_128_bshd(q: Tensor, k: Tensor, v: Tensor, block_map: Tensor,
+                               variable_block_sizes: Tensor) -> Tuple[Tensor, Tensor]:
+    """Block-sparse attention over 128-token blocks, ``[B, S, H, D]``."""
+    return _block_sparse(q, k, v, block_map, variable_block_sizes, 128, True)
+
+
+def block_sparse_attn_256(q: Tensor, k: Tensor, v: Tensor, block_map: Tensor,
+                          variable_block_sizes: Tensor) -> Tuple[Tensor, Tensor]:
+    """Block-sparse attention over 256-token blocks, ``[B, H, S, D]``."""
+    return _block_sparse(q, k, v, block_map, variable_block_sizes, 256, False)
+
+
+def block_sparse_attn_256_bshd(q: Tensor, k: Tensor, v: Tensor, block_map: Tensor,
+                               variable_block_sizes: Tensor) -> Tuple[Tensor, Tensor]:
+    """Block-sparse attention over 256-token blocks, ``[B, S, H, D]``."""
+    return _block_sparse(q, k, v, block_map, variable_block_sizes, 256, True)
+
+
+def topk_block_map(scores: Tensor, topk: int) -> Tensor:
+    """Exactly ``min(topk, n)`` True per row of ``scores [..., n]``: the largest, ties to the
+    lowest index (a stable descending sort). NaN scores sort first."""
+    n = scores.shape[-1]
+    k = min(int(topk), n)
+    order = torch.sort(scores, dim=-1, descending=True, stable=True).indices[..., :k]
+    return torch.zeros(scores.shape, dtype=torch.bool, device=scores.device).scatter_(-1, order, True)
+
+
+def _block_elements(block_size: Union[int, Sequence[int]]) -> int:
+    if isinstance(block_size, int):
+        return block_size
+    if len(block_size) != 3 or not all(isinstance(t, int) and t > 0 for t in block_size):
+        raise ValueError(f"block_size must be an int or a tuple of 3 positive ints (T, H, W), got {block_size!r}")
+    return math.prod(block_size)
+
+
+def _block_mean(x: Tensor, sizes: Tensor, block_elements: int, seq_dim: int) -> Tensor:
+    """fp32 mean over the valid (leading) tokens of each block -> ``[B, H, n, D]``."""
+    n = x.shape[seq_dim] // block_elements
+    pos = torch.arange(block_elements, device=x.device)
+    valid = pos[None, :] < sizes[:, None]  # [n, be]
+    if seq_dim == 2:  # [B, H, S, D]
+        xb = x.reshape(x.shape[0], x.shape[1], n, block_elements, x.shape[3])
+        keep = valid.view(1, 1, n, block_elements, 1)
+        total = torch.where(keep, xb, torch.zeros((), dtype=x.dtype, device=x.device)).sum(3, dtype=torch.float32)
+    else:  # [B, S, H, D]
+        xb = x.reshape(x.shape[0], n, block_elements, x.shape[2], x.shape[3])
+        keep = valid.view(1, n, block_elements, 1, 1)
+        total = torch.where(keep, xb, torch.zeros((), dtype=x.dtype, device=x.device)).sum(2, dtype=torch.float32)
+        total = total.transpose(1, 2)
+    return total / sizes.clamp(min=1).to(torch.float32).view(1, 1, n, 1)
+
+
+def _video_sparse(q, k, v, variable_block_sizes, q_variable_block_sizes, topk, block_size, compress_attn_weight,
+                  bshd: bool) -> Tensor:
+    block_elements = _block_elements(block_size)
+    if block_elements not in (64, 128, 256):
+        raise ValueError(f"block_size must have 64, 128 or 256 elements, got {block_size!r} ({block_elements})")
+    shapes = check_qkv(q, k, v, bshd=bshd, block_size=block_elements)
+    qb, kvb = shapes.q_len // block_elements, shapes.kv_len // block_elements
+    kv_sizes = check_block_sizes(variable_block_sizes, kvb, block_elements, q.device)
+    q_sizes = check_block_sizes(q_variable_block_sizes, qb, block_elements, q.device, name="q_variable_block_sizes")
+    if isinstance(topk, bool) or not isinstance(topk, int) or topk < 1:
+        raise ValueError(f"topk must be a positive int, got {topk!r}")
+    if compress_attn_weight is not None:
+        if not isinstance(compress_attn_weight, Tensor) or compress_attn_weight.shape != q.shape:
+            shape = getattr(compress_attn_weight, "shape", None)
+            raise ValueError(f"compress_attn_weight must be a tensor of q's shape {tuple(q.shape)}, got {shape}")
+        if compress_attn_weight.device != q.device:
+            raise ValueError(f"compress_attn_weight must be on q's device {q.device}, got {compress_attn_weight.device}")
+
+    seq_dim = 1 if bshd else 2
+    # Compression branch, fp32: block means, coarse attention over blocks (empty kv blocks excluded).
+    qc = _block_mean(q, q_sizes, block_elements, seq_dim)
+    kc = _block_mean(k, kv_sizes, block_elements, seq_dim)
+    vc = _block_mean(v, kv_sizes, block_elements, seq_dim)
+    scores = torch.matmul(qc, kc.transpose(-2, -1)) * shapes.head_dim ** -0.5
+    scores = scores.masked_fill((kv_sizes == 0).view(1, 1, 1, kvb), float("-inf"))
+    out_c = torch.matmul(torch.softmax(scores, dim=-1), vc).to(q.dtype)  # [B, H, Qb, D]
+
+    # Sparse branch on the top-k blocks of the pre-softmax scores.
+    block_map = topk_block_map(scores.detach(), topk)
+    out_s, _ = block_sparse_attn_op(q, k, v, block_map, kv_sizes, block_size=block_elements, bshd=bshd,
+                                    sm_scale=shapes.head_dim ** -0.5)
+
+    # Out-of-place composition: a backend may keep out_s for its backward.
+    b, h, d = shapes.batch, shapes.heads, shapes.head_dim
+    if bshd:
+        out_c_tok = out_c.transpose(1, 2).unsqueeze(2)  # [B, Qb, 1, H, D]
+        view = (b, qb, block_elements, h, d)
+    else:
+        out_c_tok = out_c.unsqueeze(3)  # [B, H, Qb, 1, D]
+        view = (b, h, qb, block_elements, d)
+    out_view = out_s.reshape(view)
+    if compress_attn_weight is not None:
+        out = out_view + out_c_tok * compress_attn_weight.reshape(view)
+    else:
+        out = out_view + out_c_tok
+    return out.reshape(q.shape)
+
+
+def video_sparse_attn(q: Tensor, k: Tensor, v: Tensor, variable_block_sizes: Tensor, q_variable_block_sizes: Tensor,
+                      topk: int, block_size: Union[int, Tuple[int, int, int]] = (4, 4, 4),
+                      compress_attn_weight: Optional[Tensor] = None) -> Tensor:
+    """Video Sparse Attention for ``[B, H, S, D]`` tensors already in tile order.
+
+    ``block_size`` is the 3-D tile (its product, 64/128/256, is the block length) or an int
+    block length. ``variable_block_sizes`` / ``q_variable_block_sizes`` give the valid tokens
+    of each kv / q tile. Returns ``out_c * compress_attn_weight + out_s`` (``out_c + out_s``
+    without a gate).
+    """
+    return _video_sparse(q, k, v, variable_block_sizes, q_variable_block_sizes, topk, block_size,
+                         compress_attn_weight, bshd=False)
+
+
+def video_sparse_attn_bshd(q: Tensor, k: Tensor, v: Tensor, variable_block_sizes: Tensor,
+                           q_variable_block_sizes: Tensor, topk: int,
+                           block_size: Union[int, Tuple[int, int, int]] = (4, 4, 4),
+                           compress_attn_weight: Optional[Tensor] = None) -> Tensor:
+    """:func:`video_sparse_attn` for ``[B, S, H, D]`` tensors (no layout round trip)."""
+    return _video_sparse(q, k, v, variable_block_sizes, q_variable_block_sizes, topk, block_size,
+                         compress_attn_weight, bshd=True)

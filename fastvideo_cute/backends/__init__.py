@@ -1,0 +1,16 @@
+"""Backends behind the routes. Each module exposes ``support(info) -> (ok, reason)``,
+``forward(...)`` and ``backward(...)`` with the signatures of :mod:`.triton_backend`, and is
+registered with :mod:`fastvideo_cute.routes` here. CuTe/FA4 code is imported only inside
+those functions, so importing this package never imports the CuTe DSL."""
+
+from __future__ import annotations
+
+from typing import Dict
+
+from ..routes import Route, register_route
+from . import triton_backend
+
+BACKENDS: Dict[str, object] = {"triton": triton_backend}
+register_route(Route("triton", "triton", triton_backend.support))
+
+__all__ = ["BACKENDS"]
