@@ -18,6 +18,8 @@ from .api import (
 )
 from .metadata import expand_block_map, invert_indices, map_to_index, split_block_sizes
 from .routes import RouteError
+from .tiling import (from_tiles, padded_length, tile_counts, tile_gather_index, tile_scatter_index, to_tiles,
+                     variable_block_sizes)
 
 __version__ = "0.1.0"
 
@@ -36,5 +38,12 @@ __all__ = [
     "expand_block_map",
     "split_block_sizes",
     "RouteError",
+    "tile_counts",
+    "padded_length",
+    "variable_block_sizes",
+    "tile_gather_index",
+    "tile_scatter_index",
+    "to_tiles",
+    "from_tiles",
     "__version__",
 ]

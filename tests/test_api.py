@@ -1,0 +1,268 @@
+"""Public API on the Triton route (the interpreter on CPU): parity with the fp32 reference,
+layouts, VSA composition, routing/env vars, torch.compile tracing and bad inputs.
+
+Tolerances: fp32 inputs run the kernels in fp32 (tl.dot may use tf32 on GPU, not in the
+interpreter); measured max abs error on these shapes is ~1e-6 on CPU, so 1e-4 is headroom.
+fp16 inputs: measured ~1e-3 (rounding of P to fp16 before the PV product); 1e-2 bound.
+"""
+
+import logging
+
+import pytest
+import torch
+
+import fastvideo_cute as fvc
+from fastvideo_cute.reference import block_sparse_attn_reference, video_sparse_attn_reference
+from fastvideo_cute.routes import RouteError
+
+from .conftest import HAS_CUDA
+
+DEV = "cuda" if HAS_CUDA else "cpu"
+FP32_TOL = 1e-4 if not HAS_CUDA else 2e-2  # tf32 dots on GPU
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch):
+    for name in ("FASTVIDEO_VSA_TRITON", "FASTVIDEO_VSA_CUTEDSL", "FASTVIDEO_VSA_BACKEND"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def _inputs(b, h, sq, skv, d, dtype=torch.float32, bshd=False, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    shape_q = (b, sq, h, d) if bshd else (b, h, sq, d)
+    shape_k = (b, skv, h, d) if bshd else (b, h, skv, d)
+    q = torch.randn(shape_q, generator=g).to(DEV, dtype)
+    k = torch.randn(shape_k, generator=g).to(DEV, dtype)
+    v = torch.randn(shape_k, generator=g).to(DEV, dtype)
+    return q, k, v
+
+
+def _to_bhsd(x, bshd):
+    return x.transpose(1, 2) if bshd else x
+
+
+API = {64: (fvc.block_sparse_attn, fvc.block_sparse_attn_bshd),
+       128: (fvc.block_sparse_attn_128, fvc.block_sparse_attn_128_bshd),
+       256: (fvc.block_sparse_attn_256, fvc.block_sparse_attn_256_bshd)}
+
+
+@pytest.mark.parametrize("block,bshd", [(64, False), (64, True), (128, True), (256, False)])
+def test_block_sparse_fwd_bwd_matches_reference(block, bshd):
+    qb, kvb = 2, 3
+    q, k, v = _inputs(1, 2, qb * block, kvb * block, 32, bshd=bshd, seed=block)
+    sizes = torch.tensor([block, block // 2 + 3, 0], dtype=torch.int32, device=DEV)
+    # padding keys hold garbage that must not leak
+    kb, vb = _to_bhsd(k, bshd), _to_bhsd(v, bshd)
+    kb[:, :, block + block // 2 + 3:2 * block] = float("nan")
+    vb[:, :, 2 * block:] = float("inf")
+    block_map = torch.tensor([[True, True, True], [False, False, False]], device=DEV).expand(2, 2, 3).clone()
+    block_map[1, 0, 1] = True
+    for t in (q, k, v):
+        t.requires_grad_(True)
+    fn = API[block][1 if bshd else 0]
+    out, lse = fn(q, k, v, block_map, sizes)
+    assert out.shape == q.shape and lse.shape == (1, 2, qb * block) and lse.dtype == torch.float32
+    assert not lse.requires_grad
+    ref, ref_lse = block_sparse_attn_reference(_to_bhsd(q, bshd), kb, vb, block_map, sizes, block)
+    torch.testing.assert_close(_to_bhsd(out, bshd), ref, atol=FP32_TOL, rtol=FP32_TOL)
+    finite = torch.isfinite(ref_lse)
+    torch.testing.assert_close(lse[finite], ref_lse[finite], atol=FP32_TOL, rtol=FP32_TOL)
+    assert torch.equal(torch.isneginf(lse), ~finite)
+    # head 0 query block 1 selects nothing: exact zeros
+    assert (_to_bhsd(out, bshd)[0, 0, block:] == 0).all()
+    grad = torch.randn_like(out)
+    got = torch.autograd.grad(out, (q, k, v), grad)
+    want = torch.autograd.grad(ref, (q, k, v), _to_bhsd(grad, bshd))
+    for name, g, w in zip("qkv", got, want):
+        w = torch.nan_to_num(w, nan=0.0, posinf=0.0, neginf=0.0)  # the reference zeroes padding K/V itself
+        torch.testing.assert_close(g, w, atol=10 * FP32_TOL, rtol=10 * FP32_TOL, msg=f"d{name}")
+    dk, dv = _to_bhsd(got[1], bshd), _to_bhsd(got[2], bshd)
+    assert (dk[:, :, block + block // 2 + 3:] == 0).all() and (dv[:, :, 2 * block:] == 0).all()
+
+
+def test_three_dim_map_and_q_len_ne_kv_len_fp16():
+    q, k, v = _inputs(2, 1, 64, 192, 32, dtype=torch.float16)
+    sizes = torch.tensor([64, 5, 64], dtype=torch.int32, device=DEV)
+    block_map = torch.tensor([[[True, True, False]]], device=DEV)  # [H, Qb, KVb]
+    out, lse = fvc.block_sparse_attn(q, k, v, block_map, sizes)
+    ref, ref_lse = block_sparse_attn_reference(q, k, v, block_map, sizes, 64)
+    torch.testing.assert_close(out.float(), ref, atol=1e-2, rtol=1e-2)
+    torch.testing.assert_close(lse, ref_lse, atol=1e-2, rtol=1e-2)
+
+
+@pytest.mark.parametrize("bshd,gate", [(False, True), (True, False)])
+def test_video_sparse_attn_matches_reference(bshd, gate):
+    blocks, be, topk = 3, 64, 2
+    q, k, v = _inputs(1, 2, blocks * be, blocks * be, 32, bshd=bshd, seed=7)
+    kv_sizes = torch.tensor([64, 40, 64], dtype=torch.int32, device=DEV)
+    q_sizes = torch.tensor([64, 64, 23], dtype=torch.int32, device=DEV)
+    # padding slots are zero (as produced by to_tiles)
+    for x, s in ((k, kv_sizes), (v, kv_sizes), (q, q_sizes)):
+        xb = _to_bhsd(x, bshd)
+        for j, n in enumerate(s.tolist()):
+            xb[:, :, j * be + n:(j + 1) * be] = 0
+    w = (torch.randn_like(q) * 0.5) if gate else None
+    for t in (q, k, v) + ((w,) if gate else ()):
+        t.requires_grad_(True)
+    fn = fvc.video_sparse_attn_bshd if bshd else fvc.video_sparse_attn
+    out = fn(q, k, v, kv_sizes, q_sizes, topk, block_size=(4, 4, 4), compress_attn_weight=w)
+    ref = video_sparse_attn_reference(*(_to_bhsd(t, bshd) for t in (q, k, v)), kv_sizes, q_sizes, topk, (4, 4, 4),
+                                      None if w is None else _to_bhsd(w, bshd))
+    torch.testing.assert_close(_to_bhsd(out, bshd), ref, atol=FP32_TOL, rtol=FP32_TOL)
+    inputs = (q, k, v) + ((w,) if gate else ())
+    grad = torch.randn_like(out)
+    got = torch.autograd.grad(out, inputs, grad)
+    want = torch.autograd.grad(ref, inputs, _to_bhsd(grad, bshd))
+    for g, r in zip(got, want):
+        torch.testing.assert_close(g, r, atol=10 * FP32_TOL, rtol=10 * FP32_TOL)
+
+
+def test_topk_block_map_exact_and_ties():
+    s = torch.tensor([[[0.5, 2.0, 2.0, -1.0, 2.0]]])
+    assert fvc.topk_block_map(s, 2).tolist() == [[[False, True, True, False, False]]]
+    r = torch.randn(2, 3, 9, 17)
+    from fastvideo_cute.reference import topk_block_map_reference
+    assert torch.equal(fvc.topk_block_map(r, 5), topk_block_map_reference(r, 5))
+
+
+# ---------------------------------------------------------------- routing / env vars
+
+def _small():
+    q, k, v = _inputs(1, 1, 64, 64, 32)
+    return q, k, v, torch.ones(1, 1, 1, 1, dtype=torch.bool, device=DEV), torch.full((1,), 64, dtype=torch.int32,
+                                                                                      device=DEV)
+
+
+def test_forced_triton_runs(monkeypatch):
+    monkeypatch.setenv("FASTVIDEO_VSA_TRITON", "1")
+    out, _ = fvc.block_sparse_attn(*_small())
+    assert torch.isfinite(out).all()
+
+
+def test_both_flags_is_an_error(monkeypatch):
+    monkeypatch.setenv("FASTVIDEO_VSA_TRITON", "1")
+    monkeypatch.setenv("FASTVIDEO_VSA_CUTEDSL", "1")
+    with pytest.raises(RouteError, match="both set"):
+        fvc.block_sparse_attn(*_small())
+
+
+def test_unknown_backend_name(monkeypatch):
+    monkeypatch.setenv("FASTVIDEO_VSA_BACKEND", "nope")
+    with pytest.raises(RouteError, match="not a backend"):
+        fvc.block_sparse_attn(*_small())
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="checks the CPU-without-interpreter refusal")
+def test_triton_forced_without_interpreter_on_cpu_raises(monkeypatch):
+    monkeypatch.setenv("FASTVIDEO_VSA_TRITON", "1")
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(RouteError, match="TRITON_INTERPRET"):
+        fvc.block_sparse_attn(*_small())
+
+
+def test_cute_fallback_logs_reason_once(monkeypatch, caplog):
+    monkeypatch.setenv("FASTVIDEO_VSA_CUTEDSL", "1")
+    from fastvideo_cute import routes
+    monkeypatch.setattr(routes, "_LOGGED", set())
+    q, k, v, m, s = _small()
+    q = q.float()  # fp32 is not a CuTe dtype on any backend, so the call must fall back
+    with caplog.at_level(logging.WARNING, logger="fastvideo_cute"):
+        fvc.block_sparse_attn(q, k, v, m, s)
+        fvc.block_sparse_attn(q, k, v, m, s)
+    msgs = [r.getMessage() for r in caplog.records if "CuTe route cannot serve" in r.getMessage()]
+    assert len(msgs) == 1 and "using Triton" in msgs[0]
+
+
+# ---------------------------------------------------------------- torch.compile
+
+@pytest.mark.parametrize("which", ["bsa64", "bsa256_bshd", "vsa", "vsa_bshd"])
+def test_torch_compile_fullgraph_traces(which):
+    torch._dynamo.reset()
+    q, k, v = _inputs(1, 1, 256, 256, 32, bshd=which.endswith("bshd"))
+    sizes256 = torch.full((1,), 256, dtype=torch.int32, device=DEV)
+    sizes64 = torch.full((4,), 64, dtype=torch.int32, device=DEV)
+    if which == "bsa64":
+        m = torch.rand(1, 1, 4, 4, device=DEV) > 0.5
+        fn = lambda q, k, v: fvc.block_sparse_attn(q, k, v, m, sizes64)[0]  # noqa: E731
+    elif which == "bsa256_bshd":
+        m = torch.ones(1, 1, 1, 1, dtype=torch.bool, device=DEV)
+        fn = lambda q, k, v: fvc.block_sparse_attn_256_bshd(q, k, v, m, sizes256)[0]  # noqa: E731
+    elif which == "vsa":
+        fn = lambda q, k, v: fvc.video_sparse_attn(q, k, v, sizes64, sizes64, 2, (4, 4, 4))  # noqa: E731
+    else:
+        fn = lambda q, k, v: fvc.video_sparse_attn_bshd(q, k, v, sizes256, sizes256, 1, (4, 8, 8))  # noqa: E731
+    eager = fn(q, k, v)
+    compiled = torch.compile(fn, fullgraph=True, backend="aot_eager")(q, k, v)
+    torch.testing.assert_close(compiled, eager, atol=1e-6, rtol=1e-6)
+
+
+# ---------------------------------------------------------------- bad inputs
+
+@pytest.mark.parametrize("case,match", [
+    ("q_3d", "q must be 4-D"),
+    ("int_q", "q must be float16"),
+    ("k_dtype", "k must have q's dtype"),
+    ("kv_shape", "k and v must have the same shape"),
+    ("heads", "batch and heads must match"),
+    ("head_dim", "head_dim must be a multiple of 8"),
+    ("seq", "sequence length 100 must be a positive multiple"),
+    ("map_dtype", "block_map must be a bool tensor"),
+    ("map_shape", "block_map must have shape"),
+    ("vbs_len", "variable_block_sizes must be 1-D with one entry per block"),
+    ("vbs_range", r"variable_block_sizes must lie in \[0, 64\]"),
+    ("vbs_float", "variable_block_sizes must be an integer tensor"),
+    ("last_stride", "contiguous last"),
+])
+def test_bad_inputs_raise_clear_errors(case, match):
+    q, k, v = _inputs(1, 2, 128, 128, 32)
+    m = torch.ones(1, 2, 2, 2, dtype=torch.bool, device=DEV)
+    s = torch.full((2,), 64, dtype=torch.int32, device=DEV)
+    if case == "q_3d":
+        q = q[0]
+    elif case == "int_q":
+        q = q.to(torch.int32)
+    elif case == "k_dtype":
+        k = k.half()
+    elif case == "kv_shape":
+        v = v[:, :, :64]
+    elif case == "heads":
+        k, v = k[:, :1], v[:, :1]
+    elif case == "head_dim":
+        q, k, v = q[..., :12], k[..., :12], v[..., :12]
+    elif case == "seq":
+        q = q[:, :, :100]
+    elif case == "map_dtype":
+        m = m.int()
+    elif case == "map_shape":
+        m = m[:, :, :1]
+    elif case == "vbs_len":
+        s = s[:1]
+    elif case == "vbs_range":
+        s = torch.tensor([64, 65], dtype=torch.int32, device=DEV)
+    elif case == "vbs_float":
+        s = s.float()
+    elif case == "last_stride":
+        q = torch.empty(1, 2, 32, 128, device=DEV).transpose(2, 3)
+    with pytest.raises((ValueError, TypeError), match=match):
+        fvc.block_sparse_attn(q, k, v, m, s)
+
+
+def test_vsa_bad_args():
+    q, k, v = _inputs(1, 1, 128, 128, 32)
+    s = torch.full((2,), 64, dtype=torch.int32, device=DEV)
+    with pytest.raises(ValueError, match="block_size must have 64, 128 or 256 elements"):
+        fvc.video_sparse_attn(q, k, v, s, s, 1, block_size=(2, 2, 2))
+    with pytest.raises(ValueError, match="topk must be a positive int"):
+        fvc.video_sparse_attn(q, k, v, s, s, 0)
+    with pytest.raises(ValueError, match="q_variable_block_sizes must be 1-D"):
+        fvc.video_sparse_attn(q, k, v, s, s[:1], 1)
+    with pytest.raises(ValueError, match="compress_attn_weight must be a tensor of q's shape"):
+        fvc.video_sparse_attn(q, k, v, s, s, 1, compress_attn_weight=q[:, :, :64])
+
+
+def test_range_check_sees_in_place_writes():
+    q, k, v, m, s = _small()
+    fvc.block_sparse_attn(q, k, v, m, s)
+    s.fill_(70)
+    with pytest.raises(ValueError, match="must lie in"):
+        fvc.block_sparse_attn(q, k, v, m, s)

@@ -1,0 +1,57 @@
+import torch
+
+from fastvideo_cute.metadata import (expand_block_map, index_to_map, invert_indices, map_to_index,
+                                     split_block_sizes)
+
+
+def test_map_index_round_trip_and_sorted():
+    torch.manual_seed(0)
+    m = torch.rand(2, 3, 5, 7) > 0.5
+    idx, num = map_to_index(m)
+    assert idx.dtype == torch.int32 and num.dtype == torch.int32 and idx.is_contiguous()
+    assert torch.equal(num, m.sum(-1).to(torch.int32))
+    for b in range(2):
+        for h in range(3):
+            for i in range(5):
+                n = int(num[b, h, i])
+                expect = torch.nonzero(m[b, h, i]).flatten().tolist()
+                assert idx[b, h, i, :n].tolist() == expect  # ascending, exactly the selected ones
+    assert torch.equal(index_to_map(idx, num, 7), m)
+
+
+def test_invert_indices_is_the_transpose():
+    torch.manual_seed(1)
+    m = torch.rand(1, 2, 6, 4) > 0.6
+    m[0, 0, :, 2] = False  # a kv block nobody selects
+    idx, num = map_to_index(m)
+    kidx, knum = invert_indices(idx, num, 4)
+    assert kidx.shape == (1, 2, 4, 6) and knum[0, 0, 2] == 0
+    assert torch.equal(index_to_map(kidx, knum, 6), m.transpose(-2, -1))
+    # k2q -> q2k again gives the original lists
+    qidx, qnum = invert_indices(kidx, knum, 6)
+    assert torch.equal(qnum, num)
+    for i in range(6):
+        n = int(num[0, 1, i])
+        assert torch.equal(qidx[0, 1, i, :n], idx[0, 1, i, :n])
+
+
+def test_map_to_index_deterministic():
+    m = torch.rand(1, 4, 33, 65) > 0.8
+    a = map_to_index(m)
+    b = map_to_index(m.clone())
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+
+
+def test_expansion_and_size_split():
+    m = torch.tensor([[[[True, False], [False, True]]]])
+    e = expand_block_map(m, 2, 4)
+    assert e.shape == (1, 1, 4, 8)
+    assert e[0, 0, 0].tolist() == [True] * 4 + [False] * 4
+    assert e[0, 0, 3].tolist() == [False] * 4 + [True] * 4
+    sizes = torch.tensor([128, 91, 37, 0, 64])
+    assert split_block_sizes(sizes, 2, 64).tolist() == [64, 64, 64, 27, 37, 0, 0, 0, 64, 0]
+    assert split_block_sizes(torch.tensor([256, 200, 129]), 4, 64).tolist() == [
+        64, 64, 64, 64, 64, 64, 64, 8, 64, 64, 1, 0]
+    # total valid tokens are preserved
+    s = torch.randint(0, 257, (50,))
+    assert split_block_sizes(s, 2, 128).sum() == s.sum()
