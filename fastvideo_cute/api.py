@@ -77,8 +77,10 @@ def block_sparse_attn_256_bshd(q: Tensor, k: Tensor, v: Tensor, block_map: Tenso
 def topk_block_map(scores: Tensor, topk: int) -> Tensor:
     """Exactly ``min(topk, n)`` True per row of ``scores [..., n]``: the largest, ties to the
     lowest index (a stable descending sort). NaN scores sort first."""
+    if isinstance(topk, bool) or not isinstance(topk, int) or topk < 1:
+        raise ValueError(f"topk must be a positive int, got {topk!r}")
     n = scores.shape[-1]
-    k = min(int(topk), n)
+    k = min(topk, n)
     order = torch.sort(scores, dim=-1, descending=True, stable=True).indices[..., :k]
     return torch.zeros(scores.shape, dtype=torch.bool, device=scores.device).scatter_(-1, order, True)
 
@@ -123,6 +125,8 @@ def _video_sparse(q, k, v, variable_block_sizes, q_variable_block_sizes, topk, b
         if not isinstance(compress_attn_weight, Tensor) or compress_attn_weight.shape != q.shape:
             shape = getattr(compress_attn_weight, "shape", None)
             raise ValueError(f"compress_attn_weight must be a tensor of q's shape {tuple(q.shape)}, got {shape}")
+        if compress_attn_weight.dtype != q.dtype:
+            raise TypeError(f"compress_attn_weight must have q's dtype {q.dtype}, got {compress_attn_weight.dtype}")
         if compress_attn_weight.device != q.device:
             raise ValueError(f"compress_attn_weight must be on q's device {q.device}, got {compress_attn_weight.device}")
 
@@ -132,8 +136,11 @@ def _video_sparse(q, k, v, variable_block_sizes, q_variable_block_sizes, topk, b
     kc = _block_mean(k, kv_sizes, block_elements, seq_dim)
     vc = _block_mean(v, kv_sizes, block_elements, seq_dim)
     scores = torch.matmul(qc, kc.transpose(-2, -1)) * shapes.head_dim ** -0.5
-    scores = scores.masked_fill((kv_sizes == 0).view(1, 1, 1, kvb), float("-inf"))
-    out_c = torch.matmul(torch.softmax(scores, dim=-1), vc).to(q.dtype)  # [B, H, Qb, D]
+    empty = (kv_sizes == 0).view(1, 1, 1, kvb)
+    scores = scores.masked_fill(empty, float("-inf"))
+    # If every kv block is empty the coarse attention has nothing to attend to: out_c = 0.
+    probs = torch.softmax(scores.masked_fill(empty.all(), 0.0), dim=-1).masked_fill(empty, 0.0)
+    out_c = torch.matmul(probs, vc).to(q.dtype)  # [B, H, Qb, D]
 
     # Sparse branch on the top-k blocks of the pre-softmax scores.
     block_map = topk_block_map(scores.detach(), topk)

@@ -47,7 +47,7 @@ def main(argv=None) -> int:
     for t in (q, k, v, gate):
         t.requires_grad_(True)
     be = tile[0] * tile[1] * tile[2]
-    route = select_route(call_info(q, args.head_dim, be, True)).name
+    route = select_route(call_info(q, k, be, True, False)).name
 
     t0 = time.perf_counter()
     out = fvc.video_sparse_attn(q, k, v, sizes, sizes, args.topk, block_size=tile, compress_attn_weight=gate)

@@ -28,7 +28,7 @@ def _head_dim_and_len(q: Tensor, bshd: bool) -> Tuple[int, int, int]:
 @torch.library.custom_op("fastvideo_cute::block_sparse_attn_fwd", mutates_args=())
 def _fwd(q: Tensor, k: Tensor, v: Tensor, block_map: Tensor, kv_block_sizes: Tensor, block_size: int,
          bshd: bool, need_grad: bool, sm_scale: float) -> Tuple[Tensor, Tensor]:
-    route = select_route(call_info(q, q.shape[-1], block_size, need_grad))
+    route = select_route(call_info(q, k, block_size, need_grad, bshd))
     return BACKENDS[route.name].forward(q, k, v, block_map, kv_block_sizes, block_size=block_size, bshd=bshd,
                                         need_backward=need_grad, sm_scale=sm_scale)
 
@@ -42,16 +42,18 @@ def _fwd_fake(q, k, v, block_map, kv_block_sizes, block_size, bshd, need_grad, s
 
 @torch.library.custom_op("fastvideo_cute::block_sparse_attn_bwd", mutates_args=())
 def _bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, block_map: Tensor,
-         kv_block_sizes: Tensor, block_size: int, bshd: bool, sm_scale: float) -> Tuple[Tensor, Tensor, Tensor]:
+         kv_block_sizes: Tensor, block_size: int, bshd: bool, sm_scale: float, route: str) -> Tuple[Tensor, Tensor,
+                                                                                                 Tensor]:
+    """``route`` is the one the forward took (recorded when autograd saved the context), so a
+    change of environment variables between forward and backward cannot split them."""
     if dout.stride(-1) != 1:
         dout = dout.contiguous()
-    route = select_route(call_info(q, q.shape[-1], block_size, True))
-    return BACKENDS[route.name].backward(q, k, v, out, dout, lse, block_map, kv_block_sizes, block_size=block_size,
+    return BACKENDS[route].backward(q, k, v, out, dout, lse, block_map, kv_block_sizes, block_size=block_size,
                                          bshd=bshd, sm_scale=sm_scale)
 
 
 @_bwd.register_fake
-def _bwd_fake(dout, q, k, v, out, lse, block_map, kv_block_sizes, block_size, bshd, sm_scale):
+def _bwd_fake(dout, q, k, v, out, lse, block_map, kv_block_sizes, block_size, bshd, sm_scale, route):
     return (torch.empty_like(q, memory_format=torch.contiguous_format),
             torch.empty_like(k, memory_format=torch.contiguous_format),
             torch.empty_like(v, memory_format=torch.contiguous_format))
@@ -62,12 +64,15 @@ def _setup_context(ctx, inputs, output):
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, block_map, kv_block_sizes)
     ctx.block_size, ctx.bshd, ctx.sm_scale = block_size, bshd, sm_scale
+    # The same selection the forward op made (same inputs, same environment, same moment).
+    ctx.route = select_route(call_info(q, k, block_size, True, bshd)).name
 
 
 def _backward(ctx, dout, dlse):
     # lse is a non-differentiable aux output (the public API returns it detached).
     q, k, v, out, lse, block_map, kv_block_sizes = ctx.saved_tensors
-    dq, dk, dv = _bwd(dout, q, k, v, out, lse, block_map, kv_block_sizes, ctx.block_size, ctx.bshd, ctx.sm_scale)
+    dq, dk, dv = _bwd(dout, q, k, v, out, lse, block_map, kv_block_sizes, ctx.block_size, ctx.bshd, ctx.sm_scale,
+                      ctx.route)
     return dq, dk, dv, None, None, None, None, None, None
 
 

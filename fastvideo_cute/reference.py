@@ -118,7 +118,8 @@ def block_mean_reference(x: torch.Tensor, block_sizes: torch.Tensor, block_eleme
 
 
 def topk_block_map_reference(scores: torch.Tensor, topk: int) -> torch.Tensor:
-    """Exactly ``topk`` True entries per row of ``scores``: the largest, ties to the lowest index."""
+    """Exactly ``topk`` True entries per row of ``scores``: the largest, ties to the lowest index.
+    Rows must be NaN-free (NaN has no rank)."""
     n = scores.shape[-1]
     k = min(int(topk), n)
     # Walk the row in index order and keep an entry when fewer than k entries beat it
@@ -160,7 +161,10 @@ def video_sparse_attn_reference(
     scores = torch.matmul(qc, kc.transpose(-2, -1)) * d ** -0.5
     kv_present = (variable_block_sizes.to(q.device) > 0).view(1, 1, 1, -1)
     scores = scores.masked_fill(~kv_present, float("-inf"))
-    attn = torch.softmax(scores, dim=-1)
+    if kv_present.any():
+        attn = torch.softmax(scores, dim=-1)
+    else:  # nothing to attend to: the compression branch contributes 0
+        attn = torch.zeros_like(scores)
     out_c = torch.matmul(attn, vc).repeat_interleave(block_elements, dim=2)
     block_map = topk_block_map_reference(scores.detach(), topk)
     out_s, _ = block_sparse_attn_reference(q, k, v, block_map, variable_block_sizes, block_elements)

@@ -43,6 +43,11 @@ class CallInfo:
     head_dim: int
     block_size: int  # logical block size (64, 128 or 256)
     need_grad: bool
+    batch: int = 1
+    heads: int = 1
+    q_len: int = 0
+    kv_len: int = 0
+    bshd: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,7 +68,7 @@ def route_names() -> List[str]:
     return sorted(_ROUTES)
 
 
-def _env_flag(name: str) -> bool:
+def env_flag(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
 
 
@@ -76,11 +81,13 @@ def _log_once(message: str) -> None:
         logger.warning(message)
 
 
-def call_info(q: torch.Tensor, head_dim: int, block_size: int, need_grad: bool) -> CallInfo:
+def call_info(q: torch.Tensor, k: torch.Tensor, block_size: int, need_grad: bool, bshd: bool) -> CallInfo:
     arch = None
     if q.device.type == "cuda":
         arch = torch.cuda.get_device_capability(q.device)
-    return CallInfo("block_sparse", q.device.type, arch, q.dtype, head_dim, block_size, need_grad)
+    s_dim, h_dim = (1, 2) if bshd else (2, 1)
+    return CallInfo("block_sparse", q.device.type, arch, q.dtype, q.shape[-1], block_size, need_grad,
+                    batch=q.shape[0], heads=q.shape[h_dim], q_len=q.shape[s_dim], kv_len=k.shape[s_dim], bshd=bshd)
 
 
 def _cute_preferences(info: CallInfo) -> List[str]:
@@ -91,8 +98,8 @@ def _cute_preferences(info: CallInfo) -> List[str]:
 def select_route(info: CallInfo) -> Route:
     """Pick the route for a call. Raises :class:`RouteError` when a forced route cannot serve."""
     forced_name = os.environ.get("FASTVIDEO_VSA_BACKEND", "").strip().lower()
-    want_triton = _env_flag("FASTVIDEO_VSA_TRITON")
-    want_cute = _env_flag("FASTVIDEO_VSA_CUTEDSL")
+    want_triton = env_flag("FASTVIDEO_VSA_TRITON")
+    want_cute = env_flag("FASTVIDEO_VSA_CUTEDSL")
     if want_triton and want_cute:
         raise RouteError("FASTVIDEO_VSA_TRITON=1 and FASTVIDEO_VSA_CUTEDSL=1 are both set; set one of them")
     if forced_name:

@@ -1,6 +1,7 @@
 """Input checks shared by every public op. They run before any launch and name the argument
 at fault. Shape/dtype checks are free; the ``variable_block_sizes`` range check reads the
-tensor, so its result is cached per (storage, version) and skipped while tracing."""
+tensor (a host sync), so a pass is remembered per live tensor and its version counter, and the
+check is skipped while tracing under torch.compile (fake tensors have no values)."""
 
 from __future__ import annotations
 

@@ -266,3 +266,32 @@ def test_range_check_sees_in_place_writes():
     s.fill_(70)
     with pytest.raises(ValueError, match="must lie in"):
         fvc.block_sparse_attn(q, k, v, m, s)
+
+
+def test_vsa_all_kv_blocks_empty_gives_zero_not_nan():
+    q, k, v = _inputs(1, 1, 128, 128, 32)
+    zero = torch.zeros(2, dtype=torch.int32, device=DEV)
+    full = torch.full((2,), 64, dtype=torch.int32, device=DEV)
+    out = fvc.video_sparse_attn(q, k, v, zero, full, 1)
+    ref = video_sparse_attn_reference(q, k, v, zero, full, 1)
+    assert (out == 0).all() and (ref == 0).all()
+
+
+def test_vsa_gate_dtype_and_topk_validation():
+    q, k, v = _inputs(1, 1, 128, 128, 32, dtype=torch.float16)
+    s = torch.full((2,), 64, dtype=torch.int32, device=DEV)
+    with pytest.raises(TypeError, match="compress_attn_weight must have q's dtype"):
+        fvc.video_sparse_attn(q, k, v, s, s, 1, compress_attn_weight=q.float())
+    with pytest.raises(ValueError, match="topk must be a positive int"):
+        fvc.topk_block_map(torch.randn(3, 5), -2)
+
+
+def test_backward_uses_the_forward_route_even_if_env_changes(monkeypatch):
+    """The route is recorded at forward time; flipping env vars before backward must not
+    send the backward elsewhere (here: to a forced backend that does not exist)."""
+    q, k, v, m, s = _small()
+    q.requires_grad_(True)
+    out, _ = fvc.block_sparse_attn(q, k, v, m, s)
+    monkeypatch.setenv("FASTVIDEO_VSA_BACKEND", "nope")
+    (dq,) = torch.autograd.grad(out.sum(), (q,))
+    assert torch.isfinite(dq).all()

@@ -5,13 +5,12 @@
 from __future__ import annotations
 
 import importlib.util
-import os
 from typing import Optional, Tuple
 
 import torch
 
 from ..metadata import expand_block_map, map_to_index, split_block_sizes
-from ..routes import CallInfo
+from ..routes import CallInfo, env_flag
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 HEAD_DIMS = (32, 64, 128)
@@ -24,7 +23,7 @@ def support(info: CallInfo) -> Tuple[bool, str]:
     if importlib.util.find_spec("triton") is None:
         return False, "triton is not installed"
     if info.device_type == "cpu":
-        if os.environ.get("TRITON_INTERPRET", "") != "1":
+        if not env_flag("TRITON_INTERPRET"):
             return False, "tensors are on the CPU; the Triton route runs on CPU tensors only under TRITON_INTERPRET=1"
     elif info.device_type != "cuda":
         return False, f"device type {info.device_type!r} is not supported (CUDA, or CPU under TRITON_INTERPRET=1)"
