@@ -471,6 +471,22 @@ def _require_support(q_dtype, head_dim, block_size, need_grad):
 # ----------------------------------------------------------------------------------------------
 
 
+def _zero_kv_padding(k: torch.Tensor, v: torch.Tensor, meta: FA4Metadata):
+    """Out-of-place copies of k/v with the padded tail of every kv tile set to 0.
+
+    Needed only when padded keys may hold NaN/Inf: FA4 reads a PARTIAL tile whole, and although
+    the mask_mod turns the padded scores into -inf (so P = 0 there), ``P @ V`` still computes
+    ``0 * NaN = NaN`` in the forward, and the backward's ``dS = P * (dO V^T - delta)`` and
+    ``dQ = dS K`` do the same with NaN/Inf in V or K. Finite padding (e.g. the zeros the tiling
+    writes) needs nothing. Costs one read + write of k and v.
+    """
+    kv_tile = meta.plan.kv_tile
+    pos = torch.arange(kv_tile, device=k.device, dtype=torch.int32)
+    valid = (pos[None, :] < meta.kv_tile_sizes.to(k.device)[:, None]).reshape(1, -1, 1, 1)
+    zero = torch.zeros((), dtype=k.dtype, device=k.device)
+    return torch.where(valid, k, zero), torch.where(valid, v, zero)
+
+
 def _to_fa4(fa, index: FA4SparseIndex):
     return fa.BlockSparseTensorsTorch(
         mask_block_cnt=index.mask_cnt,
@@ -516,24 +532,34 @@ def fa4_block_sparse_bwd_prebuilt(q, k, v, out, dout, lse, meta: FA4Metadata, *,
 
 
 def fa4_block_sparse_fwd(q, k, v, block_map, kv_block_sizes, *, block_size: int, need_backward: bool,
-                         softmax_scale: Optional[float] = None):
+                         softmax_scale: Optional[float] = None, zero_kv_padding: bool = False):
     """Block-sparse attention forward through FA4. BSHD in, ``(out BSHD, lse [B, H, Sq] fp32 ln)`` out.
 
     ``need_backward`` only checks, up front, that :func:`fa4_block_sparse_bwd` will be able to
     serve the backward of this call; the forward itself is identical either way (the backward
     metadata is built by :func:`fa4_block_sparse_bwd`, never here).
+    ``zero_kv_padding``: set it when padded keys (positions at or past ``kv_block_sizes``) may
+    hold NaN/Inf; see :func:`_zero_kv_padding` (FA4 would otherwise return NaN rows).
+    q/k/v may be strided BSHD views (e.g. ``x_bhsd.transpose(1, 2)``): FA4 takes any layout
+    whose last dim is contiguous and whose strides are 16-byte aligned, without a copy.
     """
     block_size = _check_block_size(block_size)
     b, sq, skv, h, d = _check_qkv(q, k, v)
     block_map, kv_block_sizes = _check_map_and_sizes(block_map, kv_block_sizes, b, h, sq, skv, block_size)
     arch = _require_support(q.dtype, d, block_size, bool(need_backward))
     meta = build_fwd_metadata(block_map, kv_block_sizes, fa4_fwd_plan(arch, block_size))
+    if zero_kv_padding:
+        k, v = _zero_kv_padding(k, v, meta)
     return fa4_block_sparse_fwd_prebuilt(q, k, v, meta, softmax_scale=softmax_scale)
 
 
 def fa4_block_sparse_bwd(q, k, v, out, dout, lse, block_map, kv_block_sizes, *, block_size: int,
-                         softmax_scale: Optional[float] = None):
-    """Backward of :func:`fa4_block_sparse_fwd`: ``(dq, dk, dv)``, each shaped like its input."""
+                         softmax_scale: Optional[float] = None, zero_kv_padding: bool = False):
+    """Backward of :func:`fa4_block_sparse_fwd`: ``(dq, dk, dv)``, each shaped like its input.
+
+    Builds the KV-owned lists (only here). dk/dv of padded keys come out 0. Pass the same
+    ``zero_kv_padding`` as the forward.
+    """
     block_size = _check_block_size(block_size)
     b, sq, skv, h, d = _check_qkv(q, k, v)
     _check_4d("out", out)
@@ -550,4 +576,6 @@ def fa4_block_sparse_bwd(q, k, v, out, dout, lse, block_map, kv_block_sizes, *, 
     block_map, kv_block_sizes = _check_map_and_sizes(block_map, kv_block_sizes, b, h, sq, skv, block_size)
     arch = _require_support(q.dtype, d, block_size, True)
     meta = build_bwd_metadata(block_map, kv_block_sizes, fa4_bwd_plan(arch, block_size))
+    if zero_kv_padding:
+        k, v = _zero_kv_padding(k, v, meta)
     return fa4_block_sparse_bwd_prebuilt(q, k, v, out, dout, lse, meta, softmax_scale=softmax_scale)
