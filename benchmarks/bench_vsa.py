@@ -1,0 +1,641 @@
+#!/usr/bin/env python
+"""Block-sparse attention benchmark: library routes and peers side by side, in one run.
+
+Routes (the public API, route picked per call by env vars read at call time):
+  triton  FASTVIDEO_VSA_TRITON=1   -> fastvideo_cute.block_sparse_attn{,_128,_256}[_bshd]
+  cute    FASTVIDEO_VSA_CUTEDSL=1  -> same functions; the route actually taken is recorded
+Peers:
+  sdpa-flash / sdpa-cudnn  torch SDPA, dense, with that backend forced (torch.nn.attention.sdpa_kernel)
+  flex                     torch FlexAttention (compiled) with an equivalent BlockMask
+  fa4-dense                flash_attn.cute.flash_attn_func, dense
+  fa4-bsparse              raw FA4 block sparsity, metadata PREBUILT once by the adapter: kernel only
+
+Effective FLOPs = 4 * B * H * D * selected_block_pairs * qblock * kvblock for the forward, and
+2.5x that for the backward; "effective TF/s" divides those by each entry's time, dense peers
+included, so one column compares everything. Each entry also carries the FLOPs its kernel
+really does ("tflops": dense peers count the dense work).
+Library routes are timed end to end (metadata build included); the metadata build is also
+timed on its own ("metadata_ms"). Forward = inference (no grad); backward = the backward pass
+only, of a forward that saved its graph. Times: triton.testing.do_bench (CUDA events, median).
+Peers that cannot run here are recorded as skipped/error with the reason.
+
+Examples (GPU box):
+  python benchmarks/bench_vsa.py --smoke
+  python benchmarks/bench_vsa.py --seqlens 32768 65536 --block-size 64 128 256 --sparsity 0.875 \
+      --routes triton cute --peers sdpa-flash sdpa-cudnn flex fa4-dense fa4-bsparse --modes fwd bwd \
+      --name h200_vsa --plot benchmarks/results/h200_vsa.png
+  python benchmarks/bench_vsa.py --replot benchmarks/results/h200_vsa.json --plot out.png   # CPU is fine
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as _dt
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Callable, Dict, Iterable, List, Optional
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+ROUTES = ("triton", "cute")
+PEERS = ("sdpa-flash", "sdpa-cudnn", "flex", "fa4-dense", "fa4-bsparse")
+MODES = ("fwd", "bwd")
+BWD_FLOP_FACTOR = 2.5
+ROUTE_ENV = {"triton": "FASTVIDEO_VSA_TRITON", "cute": "FASTVIDEO_VSA_CUTEDSL"}
+
+# ---------------------------------------------------------------------------------------------
+# arguments
+# ---------------------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="bench_vsa.py",
+        description="Benchmark VSA block-sparse attention routes against dense and block-sparse peers.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--heads", type=int, default=12)
+    p.add_argument("--head-dim", type=int, default=128)
+    p.add_argument("--seqlens", type=int, nargs="+", default=[32768, 65536],
+                   help="sequence lengths (q = kv), each a multiple of every block size")
+    p.add_argument("--block-size", type=int, nargs="+", default=[128], choices=[64, 128, 256],
+                   help="logical block sizes (q and kv)")
+    p.add_argument("--sparsity", type=float, nargs="+", default=[0.875],
+                   help="fraction of kv blocks each q block skips; topk = round((1-s)*KVb), at least 1")
+    p.add_argument("--routes", nargs="*", default=list(ROUTES), choices=ROUTES)
+    p.add_argument("--peers", nargs="*", default=list(PEERS), choices=PEERS)
+    p.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
+    p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
+    p.add_argument("--layout", default="bhsd", choices=["bhsd", "bshd"],
+                   help="layout handed to the library API (bshd uses the *_bshd functions)")
+    p.add_argument("--ragged", action="store_true",
+                   help="make the last kv block partial (size block//2 + 1) instead of all full")
+    p.add_argument("--warmup", type=int, default=25, help="do_bench warmup, ms")
+    p.add_argument("--rep", type=int, default=100, help="do_bench repetition time, ms")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--name", default=None, help="result name (default: vsa_<gpu>_<time>)")
+    p.add_argument("--out", default=None, help="JSON path (default: benchmarks/results/<name>.json)")
+    p.add_argument("--plot", default=None, help="PNG path for an effective-TF/s chart (needs matplotlib)")
+    p.add_argument("--smoke", action="store_true",
+                   help="tiny shapes and short timing, for a quick end-to-end check")
+    p.add_argument("--replot", default=None, metavar="JSON",
+                   help="no benchmark: redraw --plot from an existing results JSON (works on CPU)")
+    return p
+
+
+def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
+    p = build_parser()
+    args = p.parse_args(argv)
+    if args.smoke:
+        args.seqlens = [2048]
+        args.heads = min(args.heads, 2)
+        args.batch = 1
+        args.warmup, args.rep = 2, 10
+        if args.name is None:
+            args.name = "smoke"
+    if args.replot is not None:
+        if not args.plot:
+            p.error("--replot needs --plot")
+        return args
+    for s in args.sparsity:
+        if not 0.0 <= s < 1.0:
+            p.error(f"--sparsity values must be in [0, 1), got {s}")
+    for n in args.seqlens:
+        for bs in args.block_size:
+            if n % bs:
+                p.error(f"--seqlens {n} is not a multiple of --block-size {bs}")
+    if args.batch < 1 or args.heads < 1 or args.head_dim < 1:
+        p.error("--batch, --heads and --head-dim must be positive")
+    return args
+
+
+# ---------------------------------------------------------------------------------------------
+# FLOPs, ratios, environment
+# ---------------------------------------------------------------------------------------------
+
+
+def topk_for(sparsity: float, kv_blocks: int) -> int:
+    return max(1, min(kv_blocks, int(round((1.0 - sparsity) * kv_blocks))))
+
+
+def sparse_flops(head_dim: int, selected_pairs: int, q_block: int, kv_block: int, mode: str) -> float:
+    """Effective FLOPs: 4 * D * selected_pairs * qblock * kvblock, ``selected_pairs`` summed over
+    all (batch, head), i.e. 4*B*H*D*(pairs per head)*qblock*kvblock; the backward counts 2.5x."""
+    f = 4.0 * head_dim * selected_pairs * q_block * kv_block
+    return f * BWD_FLOP_FACTOR if mode == "bwd" else f
+
+
+def case_flops(batch, heads, head_dim, q_blocks, topk, block, mode) -> float:
+    """Effective FLOPs of one case: every (b, h, q block) selects exactly ``topk`` kv blocks."""
+    return sparse_flops(head_dim, batch * heads * q_blocks * topk, block, block, mode)
+
+
+def dense_flops(batch, heads, head_dim, sq, skv, mode) -> float:
+    f = 4.0 * batch * heads * head_dim * sq * skv
+    return f * BWD_FLOP_FACTOR if mode == "bwd" else f
+
+
+def tflops(flops: float, ms: Optional[float]) -> Optional[float]:
+    if not ms or ms <= 0:
+        return None
+    return flops / (ms * 1e-3) / 1e12
+
+
+def group_key(r: dict) -> tuple:
+    return (r["mode"], r["seqlen"], r["block_size"], r["sparsity"])
+
+
+def add_ratios(results: List[dict]) -> None:
+    """For every ok route entry: ``vs`` = {other entry name: other_ms / this_ms} within its case
+    (same mode, seqlen, block size, sparsity). > 1 means this route is faster."""
+    groups: Dict[tuple, List[dict]] = {}
+    for r in results:
+        groups.setdefault(group_key(r), []).append(r)
+    for rows in groups.values():
+        for r in rows:
+            if r["kind"] != "route" or r["status"] != "ok":
+                continue
+            r["vs"] = {o["name"]: o["ms"] / r["ms"] for o in rows
+                       if o is not r and o["status"] == "ok" and o.get("ms")}
+
+
+def _version(dist: str) -> Optional[str]:
+    try:
+        import importlib.metadata as md
+
+        return md.version(dist)
+    except Exception:
+        return None
+
+
+def _module_version(name: str) -> Optional[str]:
+    try:
+        mod = __import__(name)
+        return getattr(mod, "__version__", None)
+    except Exception:
+        return None
+
+
+def environment() -> dict:
+    env = {
+        "python": platform.python_version(),
+        "host": platform.node(),
+        "torch": _module_version("torch"),
+        "triton": _module_version("triton") or _version("triton"),
+        "nvidia-cutlass-dsl": _version("nvidia-cutlass-dsl"),
+        "flash-attn-4": _version("flash-attn-4"),
+        "quack-kernels": _version("quack-kernels"),
+        "fastvideo-cute": _version("fastvideo-cute"),
+    }
+    try:
+        env["git_commit"] = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True,
+                                           timeout=10).stdout.strip() or None
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+        env["git_dirty"] = bool(dirty)
+    except Exception:
+        env["git_commit"] = None
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            env["gpu"] = torch.cuda.get_device_name()
+            env["capability"] = list(torch.cuda.get_device_capability())
+            env["cuda"] = torch.version.cuda
+            env["sm_count"] = torch.cuda.get_device_properties(0).multi_processor_count
+    except Exception:
+        pass
+    return env
+
+
+def default_name(env: dict) -> str:
+    gpu = (env.get("gpu") or "cpu").lower()
+    slug = "".join(c if c.isalnum() else "_" for c in gpu).strip("_")
+    return f"vsa_{slug}_{_dt.datetime.now().strftime('%Y%m%d_%H%M%S')}"
+
+
+# ---------------------------------------------------------------------------------------------
+# writers
+# ---------------------------------------------------------------------------------------------
+
+
+def write_json(payload: dict, path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(payload, indent=2, sort_keys=False, default=str) + "\n")
+    return path
+
+
+def _label(r: dict) -> str:
+    name = r["name"]
+    if r["kind"] == "route" and r.get("served_by") and r["served_by"] != name:
+        name = f"{name}->{r['served_by']}"
+    return name
+
+
+def plot_results(payload: dict, path) -> Optional[Path]:
+    """Grouped bars: effective TF/s by entry (routes and peers) and sparsity; one panel per
+    (mode, seqlen, block size). Returns the path, or None without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("[plot] matplotlib is not installed; skipping the chart (redraw later with --replot)")
+        return None
+    rows = [r for r in payload["results"] if r["status"] == "ok" and r.get("effective_tflops")]
+    panels = sorted({(r["mode"], r["seqlen"], r["block_size"]) for r in rows},
+                    key=lambda p: (MODES.index(p[0]) if p[0] in MODES else 9, p[1], p[2]))
+    if not panels:
+        print("[plot] no successful entries to plot")
+        return None
+    ncols = min(3, len(panels))
+    nrows = math.ceil(len(panels) / ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(6.2 * ncols, 4.2 * nrows), squeeze=False)
+    for ax, (mode, seqlen, block) in zip(axes.flat, panels):
+        sel = [r for r in rows if (r["mode"], r["seqlen"], r["block_size"]) == (mode, seqlen, block)]
+        sparsities = sorted({r["sparsity"] for r in sel})
+        labels = []
+        for r in sel:
+            if _label(r) not in labels:
+                labels.append(_label(r))
+        width = 0.8 / max(1, len(labels))
+        for i, lab in enumerate(labels):
+            ys = []
+            for s in sparsities:
+                hit = [r["effective_tflops"] for r in sel if _label(r) == lab and r["sparsity"] == s]
+                ys.append(hit[0] if hit else 0.0)
+            xs = [j + (i - (len(labels) - 1) / 2) * width for j in range(len(sparsities))]
+            bars = ax.bar(xs, ys, width, label=lab)
+            for bar, y in zip(bars, ys):
+                if y:
+                    ax.annotate(f"{y:.0f}", (bar.get_x() + bar.get_width() / 2, y), ha="center", va="bottom",
+                                fontsize=7)
+        ax.set_xticks(range(len(sparsities)))
+        ax.set_xticklabels([f"{s:g}" for s in sparsities])
+        ax.set_xlabel("sparsity")
+        ax.set_ylabel("effective TF/s")
+        ax.set_title(f"{mode}  S={seqlen}  block={block}")
+        ax.legend(fontsize=7)
+        ax.grid(axis="y", alpha=0.3)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.axis("off")
+    env = payload.get("env", {})
+    cfg = payload.get("config", {})
+    fig.suptitle(f"{env.get('gpu', '?')}  B={cfg.get('batch')} H={cfg.get('heads')} D={cfg.get('head_dim')} "
+                 f"{cfg.get('dtype')}  commit {str(env.get('git_commit'))[:10]}", fontsize=10)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def print_table(results: List[dict]) -> None:
+    hdr = f"{'mode':4} {'S':>6} {'blk':>4} {'spars':>6} {'entry':24} {'ms':>9} {'meta ms':>8} {'eff TF/s':>9} {'TF/s':>7}  note"
+    print(hdr)
+    print("-" * len(hdr))
+    for r in results:
+        ms = f"{r['ms']:.3f}" if r.get("ms") else "-"
+        meta = f"{r['metadata_ms']:.3f}" if r.get("metadata_ms") else "-"
+        eff = f"{r['effective_tflops']:.1f}" if r.get("effective_tflops") else "-"
+        own = f"{r['tflops']:.1f}" if r.get("tflops") else "-"
+        note = r.get("reason") or ""
+        if r.get("vs"):
+            note = " ".join(f"x{v:.2f} vs {k}" for k, v in r["vs"].items())
+        print(f"{r['mode']:4} {r['seqlen']:>6} {r['block_size']:>4} {r['sparsity']:>6g} {_label(r):24} {ms:>9} "
+              f"{meta:>8} {eff:>9} {own:>7}  {r['status'] if r['status'] != 'ok' else ''}{note[:160]}")
+
+
+# ---------------------------------------------------------------------------------------------
+# measurement (GPU)
+# ---------------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _route_env(route: str):
+    saved = {k: os.environ.get(k) for k in ROUTE_ENV.values()}
+    try:
+        for k in ROUTE_ENV.values():
+            os.environ.pop(k, None)
+        os.environ[ROUTE_ENV[route]] = "1"
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+class Case:
+    """One (seqlen, block size, sparsity) problem: inputs, block map, sizes."""
+
+    def __init__(self, args, seqlen: int, block: int, sparsity: float, device: str):
+        import torch
+
+        self.args, self.seqlen, self.block, self.sparsity = args, seqlen, block, sparsity
+        self.dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float16
+        b, h, d = args.batch, args.heads, args.head_dim
+        self.nblocks = seqlen // block
+        self.topk = topk_for(sparsity, self.nblocks)
+        g = torch.Generator(device=device).manual_seed(args.seed + seqlen + block)
+        self.q, self.k, self.v = (torch.randn(b, h, seqlen, d, device=device, dtype=self.dtype, generator=g)
+                                  for _ in range(3))
+        self.dout = torch.randn(b, h, seqlen, d, device=device, dtype=self.dtype, generator=g)
+        scores = torch.rand(b, h, self.nblocks, self.nblocks, device=device, generator=g)
+        self.block_map = torch.zeros(b, h, self.nblocks, self.nblocks, dtype=torch.bool, device=device)
+        self.block_map.scatter_(-1, scores.topk(self.topk, dim=-1).indices, True)
+        self.sizes = torch.full((self.nblocks,), block, dtype=torch.int32, device=device)
+        if args.ragged:
+            self.sizes[-1] = block // 2 + 1
+        self.flops = {m: case_flops(b, h, d, self.nblocks, self.topk, block, m) for m in MODES}
+        self.dense_flops = {m: dense_flops(b, h, d, seqlen, seqlen, m) for m in MODES}
+
+    def bshd(self, t):
+        return t.transpose(1, 2).contiguous()
+
+
+class Runner:
+    def __init__(self, args):
+        import torch
+
+        self.args = args
+        self.torch = torch
+        self.results: List[dict] = []
+        self._dense_cache: Dict[tuple, dict] = {}
+
+    # -- timing -----------------------------------------------------------------------------
+    def bench(self, fn: Callable, grad_to_none=None) -> float:
+        from triton.testing import do_bench
+
+        return float(do_bench(fn, warmup=self.args.warmup, rep=self.args.rep, grad_to_none=grad_to_none))
+
+    def record(self, case: Case, kind: str, name: str, mode: str, status: str, *, ms=None, metadata_ms=None,
+               reason=None, dense=False, served_by=None, extra=None) -> dict:
+        eff = case.flops[mode]
+        own = case.dense_flops[mode] if dense else eff
+        r = {
+            "kind": kind, "name": name, "mode": mode, "seqlen": case.seqlen, "block_size": case.block,
+            "sparsity": case.sparsity, "topk": case.topk, "kv_blocks": case.nblocks,
+            "density": case.topk / case.nblocks,
+            "selected_block_pairs": self.args.batch * self.args.heads * case.nblocks * case.topk,
+            "status": status, "reason": reason, "ms": ms, "metadata_ms": metadata_ms, "dense": dense,
+            "flops": own, "effective_flops": eff, "tflops": tflops(own, ms), "effective_tflops": tflops(eff, ms),
+        }
+        if served_by is not None:
+            r["served_by"] = served_by
+        if extra:
+            r.update(extra)
+        self.results.append(r)
+        tag = f"{ms:.3f} ms" if ms else (reason or "")
+        print(f"  [{kind}] {name:12s} {mode} S={case.seqlen} blk={case.block} s={case.sparsity:g}: {status} {tag}",
+              flush=True)
+        return r
+
+    def guarded(self, case: Case, kind: str, name: str, mode: str, fn: Callable[[], dict]) -> None:
+        try:
+            out = fn()
+        except _Skip as s:
+            self.record(case, kind, name, mode, "skipped", reason=str(s))
+            return
+        except Exception as e:  # record, keep going
+            msg = f"{type(e).__name__}: {e}".splitlines()[0][:400]
+            print(traceback.format_exc(limit=3), file=sys.stderr)
+            self.record(case, kind, name, mode, "error", reason=msg)
+            return
+        finally:
+            self.torch.cuda.empty_cache()
+        self.record(case, kind, name, mode, "ok", **out)
+
+    # -- library routes -----------------------------------------------------------------------
+    def _api(self, block: int):
+        import fastvideo_cute as fc
+
+        suffix = "_bshd" if self.args.layout == "bshd" else ""
+        base = {64: "block_sparse_attn", 128: "block_sparse_attn_128", 256: "block_sparse_attn_256"}[block]
+        return getattr(fc, base + suffix)
+
+    def _served_by(self, q, k, block, need_grad) -> Optional[str]:
+        try:
+            from fastvideo_cute import routes
+
+            info = routes.call_info(q, k, block, need_grad, self.args.layout == "bshd")
+            return routes.select_route(info).name
+        except Exception:
+            return None
+
+    def _metadata_ms(self, route: str, served_by: Optional[str], case: Case, mode: str) -> Optional[float]:
+        """Time of the metadata build the route does inside the call (approximate for Triton)."""
+        try:
+            if served_by == "fa4" or (served_by is None and route == "cute"):
+                from fastvideo_cute.adapters import fa4 as A
+
+                arch = A.fa4_arch()
+                if mode == "fwd":
+                    plan = A.fa4_fwd_plan(arch, case.block)
+                    return self.bench(lambda: A.build_fwd_metadata(case.block_map, case.sizes, plan))
+                plan = A.fa4_bwd_plan(arch, case.block)
+                return self.bench(lambda: A.build_bwd_metadata(case.block_map, case.sizes, plan))
+            from fastvideo_cute.metadata import map_to_index
+
+            if mode == "fwd":
+                return self.bench(lambda: map_to_index(case.block_map))
+            return self.bench(lambda: map_to_index(case.block_map.transpose(-1, -2).contiguous()))
+        except Exception:
+            return None
+
+    def run_route(self, route: str, case: Case, mode: str) -> None:
+        torch = self.torch
+
+        def go():
+            fn = self._api(case.block)
+            bshd = self.args.layout == "bshd"
+            q, k, v = (case.bshd(t) if bshd else t for t in (case.q, case.k, case.v))
+            with _route_env(route):
+                served = self._served_by(q, k, case.block, mode == "bwd")
+                if mode == "fwd":
+                    with torch.no_grad():
+                        ms = self.bench(lambda: fn(q, k, v, case.block_map, case.sizes))
+                else:
+                    q, k, v = (t.detach().requires_grad_(True) for t in (q, k, v))
+                    out, _ = fn(q, k, v, case.block_map, case.sizes)
+                    dout = case.bshd(case.dout) if bshd else case.dout
+                    ms = self.bench(lambda: torch.autograd.backward(out, dout, retain_graph=True),
+                                    grad_to_none=[q, k, v])
+                meta = self._metadata_ms(route, served, case, mode)
+            return {"ms": ms, "metadata_ms": meta, "served_by": served}
+
+        self.guarded(case, "route", route, mode, go)
+
+    # -- peers --------------------------------------------------------------------------------
+    def run_peer(self, peer: str, case: Case, mode: str) -> None:
+        if peer in ("sdpa-flash", "sdpa-cudnn", "fa4-dense"):
+            key = (peer, mode, case.seqlen)
+            if key in self._dense_cache:  # dense work does not depend on block size or sparsity
+                cached = self._dense_cache[key]
+                self.record(case, "peer", peer, mode, cached["status"], ms=cached.get("ms"),
+                            reason=cached.get("reason"), dense=True, extra={"shared_dense_measurement": True})
+                return
+            n0 = len(self.results)
+            self.guarded(case, "peer", peer, mode, lambda: {**getattr(self, "_" + peer.replace("-", "_"))(case, mode),
+                                                            "dense": True})
+            if len(self.results) > n0:
+                self._dense_cache[key] = self.results[-1]
+            return
+        self.guarded(case, "peer", peer, mode, lambda: getattr(self, "_" + peer.replace("-", "_"))(case, mode))
+
+    def _dense_run(self, case: Case, mode: str, call: Callable, q, k, v, dout) -> dict:
+        torch = self.torch
+        if mode == "fwd":
+            with torch.no_grad():
+                return {"ms": self.bench(lambda: call(q, k, v))}
+        q, k, v = (t.detach().requires_grad_(True) for t in (q, k, v))
+        out = call(q, k, v)
+        out = out[0] if isinstance(out, tuple) else out
+        return {"ms": self.bench(lambda: torch.autograd.backward(out, dout, retain_graph=True),
+                                 grad_to_none=[q, k, v])}
+
+    def _sdpa(self, case: Case, mode: str, backend_name: str) -> dict:
+        import torch.nn.functional as F
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        backend = getattr(SDPBackend, backend_name)
+        with sdpa_kernel(backend):
+            return self._dense_run(case, mode, lambda q, k, v: F.scaled_dot_product_attention(q, k, v),
+                                   case.q, case.k, case.v, case.dout)
+
+    def _sdpa_flash(self, case, mode):
+        return self._sdpa(case, mode, "FLASH_ATTENTION")
+
+    def _sdpa_cudnn(self, case, mode):
+        return self._sdpa(case, mode, "CUDNN_ATTENTION")
+
+    def _fa4_dense(self, case, mode):
+        try:
+            from flash_attn.cute import flash_attn_func
+        except ImportError as e:
+            raise _Skip(f"flash_attn.cute not importable: {e}")
+        q, k, v, dout = (case.bshd(t) for t in (case.q, case.k, case.v, case.dout))
+        return self._dense_run(case, mode, lambda a, b, c: flash_attn_func(a, b, c), q, k, v, dout)
+
+    def _fa4_bsparse(self, case, mode):
+        try:
+            from fastvideo_cute.adapters import fa4 as A
+
+            A.load_fa4()
+        except ImportError as e:
+            raise _Skip(f"FA4 not importable: {str(e).splitlines()[0]}")
+        arch = A.fa4_arch()
+        ok, why = A.fa4_support(arch, case.dtype, self.args.head_dim, case.block, case.block, mode == "bwd")
+        if not ok:
+            raise _Skip(why)
+        q, k, v, dout = (case.bshd(t) for t in (case.q, case.k, case.v, case.dout))
+        fplan = A.fa4_fwd_plan(arch, case.block)
+        fmeta = A.build_fwd_metadata(case.block_map, case.sizes, fplan)
+        if mode == "fwd":
+            ms = self.bench(lambda: A.fa4_block_sparse_fwd_prebuilt(q, k, v, fmeta))
+            meta_ms = self.bench(lambda: A.build_fwd_metadata(case.block_map, case.sizes, fplan))
+            return {"ms": ms, "metadata_ms": meta_ms, "extra": {"plan": fplan._asdict()}}
+        out, lse = A.fa4_block_sparse_fwd_prebuilt(q, k, v, fmeta)
+        bplan = A.fa4_bwd_plan(arch, case.block)
+        bmeta = A.build_bwd_metadata(case.block_map, case.sizes, bplan)
+        ms = self.bench(lambda: A.fa4_block_sparse_bwd_prebuilt(q, k, v, out, dout, lse, bmeta))
+        meta_ms = self.bench(lambda: A.build_bwd_metadata(case.block_map, case.sizes, bplan))
+        return {"ms": ms, "metadata_ms": meta_ms, "extra": {"plan": bplan._asdict()}}
+
+    def _flex(self, case, mode):
+        torch = self.torch
+        try:
+            from torch.nn.attention.flex_attention import BlockMask, flex_attention
+        except ImportError as e:
+            raise _Skip(f"FlexAttention not available in torch {torch.__version__}: {e}")
+        from fastvideo_cute.metadata import map_to_index
+
+        blk = case.block
+        full_sizes = case.sizes == blk
+        full_map = case.block_map & full_sizes.view(1, 1, 1, -1)
+        part_map = case.block_map & (~full_sizes & (case.sizes > 0)).view(1, 1, 1, -1)
+        f_idx, f_cnt = map_to_index(full_map)
+        p_idx, p_cnt = map_to_index(part_map)
+        sizes = case.sizes
+
+        def valid_len_mask(b, h, q_idx, kv_idx):
+            return (kv_idx % blk) < sizes[kv_idx // blk]
+
+        block_mask = BlockMask.from_kv_blocks(p_cnt, p_idx, f_cnt, f_idx, BLOCK_SIZE=(blk, blk),
+                                              mask_mod=valid_len_mask, seq_lengths=(case.seqlen, case.seqlen))
+        compiled = torch.compile(flex_attention, dynamic=False)
+        kernel_options = {"BLOCK_M": 64, "BLOCK_N": 64} if blk == 64 else None
+
+        def call(q, k, v):
+            return compiled(q, k, v, block_mask=block_mask, kernel_options=kernel_options)
+
+        return self._dense_run(case, mode, call, case.q, case.k, case.v, case.dout)
+
+
+class _Skip(Exception):
+    pass
+
+
+def run_benchmark(args) -> dict:
+    import torch
+
+    if not torch.cuda.is_available():
+        raise SystemExit("bench_vsa.py needs a CUDA GPU (use --replot to redraw a chart from JSON on CPU)")
+    env = environment()
+    name = args.name or default_name(env)
+    runner = Runner(args)
+    t0 = time.time()
+    print(f"bench_vsa: {env.get('gpu')} torch {env.get('torch')} triton {env.get('triton')} "
+          f"cutlass-dsl {env.get('nvidia-cutlass-dsl')} flash-attn-4 {env.get('flash-attn-4')}", flush=True)
+    for seqlen in args.seqlens:
+        for block in args.block_size:
+            for sparsity in args.sparsity:
+                case = Case(args, seqlen, block, sparsity, "cuda")
+                for mode in args.modes:
+                    for route in args.routes:
+                        runner.run_route(route, case, mode)
+                    for peer in args.peers:
+                        runner.run_peer(peer, case, mode)
+                del case
+                torch.cuda.empty_cache()
+    add_ratios(runner.results)
+    config = {k: v for k, v in vars(args).items() if k not in ("replot",)}
+    return {"schema": 1, "name": name, "created": _dt.datetime.now().isoformat(timespec="seconds"),
+            "seconds": time.time() - t0, "env": env, "config": config,
+            "flops_note": "effective FLOPs = 4*B*H*D*selected_block_pairs*qblock*kvblock (fwd); bwd x2.5",
+            "results": runner.results}
+
+
+def main(argv: Optional[Iterable[str]] = None) -> int:
+    args = parse_args(list(argv) if argv is not None else None)
+    if args.replot:
+        payload = json.loads(Path(args.replot).read_text())
+        out = plot_results(payload, args.plot)
+        print(f"plot: {out}")
+        return 0
+    payload = run_benchmark(args)
+    out = Path(args.out) if args.out else REPO / "benchmarks" / "results" / f"{payload['name']}.json"
+    write_json(payload, out)
+    print_table(payload["results"])
+    print(f"results: {out}")
+    if args.plot:
+        print(f"plot: {plot_results(payload, args.plot)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
