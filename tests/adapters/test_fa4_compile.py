@@ -104,6 +104,7 @@ def test_fa4_route_kernels_compile_for_sm100a_and_sm90a(tmp_path):
         k = v100[name]["kernels"][0]
         assert (k["tile_m"], k["tile_n"], k["q_subtile_factor"], k["kv_subtile_factor"]) == (128, 128, q_sub, 1)
         assert k["use_2cta_instrs"] is False
+    assert v100["fwd128-d64"]["kernels"][0]["q_stage"] == 1
     assert results["sm_100"]["single_q_stage_ptx_same_for_two_lengths"] is True
 
     v90 = results["sm_90"]["variants"]
@@ -115,6 +116,8 @@ def test_fa4_route_kernels_compile_for_sm100a_and_sm90a(tmp_path):
     for name, q_sub in (("bwd128", 2), ("bwd256", 4)):
         k = v90[name]["kernels"][0]
         assert (k["tile_m"], k["tile_n"], k["q_subtile_factor"]) == (64, 128, q_sub)
+    k = v90["bwd128-d64"]["kernels"][0]  # head_dim <= 64: FA4 takes 128-row q tiles in the backward
+    assert (k["tile_m"], k["tile_n"], k["q_subtile_factor"]) == (128, 128, 1)
     assert results["sm_90"]["sm90_bwd_tile_rule_matches_fa4"] is True
 
 
@@ -230,24 +233,24 @@ def _worker(arch: str, out_dir: Path) -> dict:
     major = 10 if arch == "sm_100" else 9
     variants, extra = {}, {}
 
-    def fwd(block, sq=SQ, skv=SKV, seed=0):
+    def fwd(block, sq=SQ, skv=SKV, seed=0, d=D):
         plan = A.fa4_fwd_plan((major, 0), block)
         meta = cpu_meta(block, sq, skv, plan, A.build_fwd_metadata, seed)
 
         def run():
-            q = torch.empty(B, sq, H, D, dtype=torch.bfloat16, device="cuda")
-            k, v = (torch.empty(B, skv, H, D, dtype=torch.bfloat16, device="cuda") for _ in range(2))
+            q = torch.empty(B, sq, H, d, dtype=torch.bfloat16, device="cuda")
+            k, v = (torch.empty(B, skv, H, d, dtype=torch.bfloat16, device="cuda") for _ in range(2))
             out, lse = A.fa4_block_sparse_fwd_prebuilt(q, k, v, fake_meta(meta))
-            assert tuple(out.shape) == (B, sq, H, D) and tuple(lse.shape) == (B, H, sq)
+            assert tuple(out.shape) == (B, sq, H, d) and tuple(lse.shape) == (B, H, sq)
         return run
 
-    def bwd(block):
+    def bwd(block, d=D):
         plan = A.fa4_bwd_plan((major, 0), block)
         meta = cpu_meta(block, SQ, SKV, plan, A.build_bwd_metadata)
 
         def run():
-            q, out, dout = (torch.empty(B, SQ, H, D, dtype=torch.bfloat16, device="cuda") for _ in range(3))
-            k, v = (torch.empty(B, SKV, H, D, dtype=torch.bfloat16, device="cuda") for _ in range(2))
+            q, out, dout = (torch.empty(B, SQ, H, d, dtype=torch.bfloat16, device="cuda") for _ in range(3))
+            k, v = (torch.empty(B, SKV, H, d, dtype=torch.bfloat16, device="cuda") for _ in range(2))
             lse = torch.empty(B, H, SQ, dtype=torch.float32, device="cuda")
             dq, dk, dv = A.fa4_block_sparse_bwd_prebuilt(q, k, v, out, dout, lse, fake_meta(meta))
             assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape
@@ -258,6 +261,9 @@ def _worker(arch: str, out_dir: Path) -> dict:
         variants[f"fwd{block}"] = step(f"fwd{block}", fwd(block))
     for block in (128, 256):
         variants[f"bwd{block}"] = step(f"bwd{block}", bwd(block))
+    # head_dim 64, the other head dim fa4_support accepts: one forward and one backward per arch.
+    variants["fwd128-d64"] = step("fwd128-d64", fwd(128, d=64))
+    variants["bwd128-d64"] = step("bwd128-d64", bwd(128, d=64))
 
     # Compiles once: same config, another length and another map -> no new compile-cache entry.
     again = step("fwd128-again", fwd(128, sq=2 * SQ, skv=SKV + 512, seed=7))
