@@ -304,7 +304,8 @@ def plot_results(payload: dict, path) -> Optional[Path]:
 
 
 def print_table(results: List[dict]) -> None:
-    hdr = f"{'mode':4} {'S':>6} {'blk':>4} {'spars':>6} {'entry':24} {'ms':>9} {'meta ms':>8} {'eff TF/s':>9} {'TF/s':>7}  note"
+    hdr = (f"{'mode':4} {'S':>6} {'blk':>4} {'spars':>6} {'entry':24} {'ms':>9} {'meta ms':>8} "
+           f"{'eff TF/s':>9} {'TF/s':>7}  note")
     print(hdr)
     print("-" * len(hdr))
     for r in results:
