@@ -315,10 +315,13 @@ class _SingleQStageSeqlen(int):
 
     _TILE_M = 128
 
-    # CuTe DSL looks JIT-argument adapters up by exact type; this protocol (cutlass.base_dsl
-    # JitArgAdapterRegistry.get_registered_adapter, "F-TRANSPARENT") makes it adapt the value
-    # as the plain int it declares, i.e. as a dynamic Int32 kernel argument. At call time
-    # tvm-ffi passes any int subclass as a plain int.
+    # The same object is also a cute.compile argument (FlashAttentionForwardSm100.__call__'s
+    # max_seqlen_q). CuTe DSL 4.8.1 looks JIT-argument adapters up by EXACT type, so a bare int
+    # subclass is rejected ("cannot be converted to a JitArgument") and the following arguments
+    # shift ("unable to convert BlockArgument ... !cuda.stream ... to Numeric"). This protocol
+    # (cutlass.base_dsl JitArgAdapterRegistry.get_registered_adapter, "F-TRANSPARENT") makes the
+    # DSL adapt the value as the plain int it declares: a dynamic Int32, exactly as FA4's default
+    # path passes a plain int there. At call time tvm-ffi passes any int subclass as a plain int.
     __pyir_plain_type__ = int
 
     def __pyir_plain_view__(self) -> int:
