@@ -1,0 +1,197 @@
+"""Torch adapter for our CuTe DSL mma.sync + TMA block-sparse forward (128-token blocks).
+
+The kernel (``kernels/cute/block_sparse_fwd128``) is the GB10's (DGX Spark, sm_121a) VSA forward;
+the same source compiles for sm_120a and runs on sm_90 (where it is verified; FA4's wgmma
+kernels remain the fast route there). Inference only: it returns the output, no LSE, so it has no
+backward; the router sends it no-grad calls only.
+
+Contract of :func:`sm120_block_sparse_fwd` (seed 004's kernel contract):
+  - q, k, v: ``[B, H, S, 128]`` bf16, contiguous (BHSD), ``S = T * 128``, one CUDA device;
+  - q2k_idx ``[B, H, T, max_kv]`` and q2k_num ``[B, H, T]`` integer (``map_to_index`` layout:
+    entries past a row's count are never read; counts are clamped to ``[0, max_kv]``; indices
+    outside ``[0, T)`` count as empty tiles), kv_block_sizes ``[T]`` integer (clamped to
+    ``[0, 128]``), the valid leading tokens of each block, for query rows and keys alike;
+  - the output is written whole: rows at or past their block's size, and rows with no valid key
+    (no selection, or only blocks of size 0), are exactly 0, so ``out`` needs no zero fill;
+  - padding keys holding NaN/Inf never reach a valid row; a NaN in a valid query row gives a
+    NaN output row; any T (odd included); deterministic (the phased walk depends only on the
+    launch index, the counts and the SM count).
+
+The launch limits (grid y, int32 TMA rows, int32 list offsets) are checked by
+:func:`sm120_fwd_support` before any launch, and mirror the kernel module's ``MAX_*``.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+from typing import Optional, Tuple
+
+import torch
+
+__all__ = [
+    "BLOCK",
+    "HEAD_DIM",
+    "MAX_BATCH_HEADS",
+    "MAX_ROWS",
+    "MAX_INDEX_ELEMS",
+    "SUPPORTED_CAPABILITIES",
+    "sm120_arch",
+    "sm120_within_launch_limits",
+    "sm120_fwd_support",
+    "sm120_block_sparse_fwd",
+    "compiled_kernel",
+]
+
+BLOCK = 128
+HEAD_DIM = 128
+# Mirrors of kernels/cute/block_sparse_fwd128/block_sparse_fwd128_sm120.py's launch limits
+# (tests/kernels/cute/test_block_sparse_fwd128_compile.py checks that they agree).
+MAX_BATCH_HEADS = 65535  # grid y
+MAX_ROWS = 2**31 - 1  # B * H * S: TMA row coordinates are int32
+MAX_INDEX_ELEMS = 2**31 - 1  # B * H * T * max_kv: int32 offsets into q2k_idx
+
+# compute capability -> the arch string the kernel is compiled for
+SUPPORTED_CAPABILITIES = {(9, 0): "sm_90a", (12, 0): "sm_120a", (12, 1): "sm_121a"}
+
+_INT_DTYPES = (torch.int32, torch.int64, torch.int16, torch.uint8)
+
+
+def sm120_arch(device: torch.device) -> Optional[str]:
+    """The kernel's target arch for this device ("sm_121a", "sm_120a", "sm_90a"), else None."""
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return None
+    return SUPPORTED_CAPABILITIES.get(torch.cuda.get_device_capability(device))
+
+
+def sm120_within_launch_limits(batch: int, heads: int, seq: int, num_blocks: int, max_kv: int) -> bool:
+    """True iff one launch covers the call (the size-dependent part of the support predicate)."""
+    batch_heads = batch * heads
+    return (
+        batch_heads <= MAX_BATCH_HEADS
+        and batch_heads * seq <= MAX_ROWS
+        and batch_heads * num_blocks * max(max_kv, 1) <= MAX_INDEX_ELEMS
+    )
+
+
+@functools.lru_cache(maxsize=None)
+def _cute_dsl_importable() -> bool:
+    return importlib.util.find_spec("cutlass") is not None and importlib.util.find_spec("cuda") is not None
+
+
+def sm120_fwd_support(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q2k_idx: torch.Tensor,
+    q2k_num: torch.Tensor,
+    kv_block_sizes: torch.Tensor,
+) -> Tuple[bool, str]:
+    """``(True, "")`` iff :func:`sm120_block_sparse_fwd` can run these tensors here, else
+    ``(False, reason)``. Static facts only (device, dtypes, shapes, layout, launch limits): it
+    never reads tensor values, so it never synchronizes with the GPU."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            return False, f"{name} is not a tensor"
+        if not t.is_cuda:
+            return False, f"{name} is not a CUDA tensor"
+        if t.dtype != torch.bfloat16:
+            return False, f"{name} must be bfloat16, got {t.dtype}"
+        if t.dim() != 4:
+            return False, f"{name} must be [B, H, S, {HEAD_DIM}], got {tuple(t.shape)}"
+        if not t.is_contiguous():
+            return False, f"{name} must be contiguous (BHSD)"
+        if t.data_ptr() % 16 != 0:
+            return False, f"{name} must be 16-byte aligned (TMA)"
+        if t.device != q.device:
+            return False, f"{name} is on {t.device}, q on {q.device}"
+    if k.shape != q.shape or v.shape != q.shape:
+        return False, f"q, k, v must have one shape, got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
+    batch, heads, seq, dim = q.shape
+    if dim != HEAD_DIM:
+        return False, f"head_dim must be {HEAD_DIM}, got {dim}"
+    arch = sm120_arch(q.device)
+    if arch is None:
+        return False, (f"needs sm_90, sm_120 or sm_121, got compute capability "
+                       f"{torch.cuda.get_device_capability(q.device) if q.is_cuda else None}")
+    if not _cute_dsl_importable():
+        return False, "the CuTe DSL (nvidia-cutlass-dsl, cuda-bindings) is not installed"
+    for name, t in (("q2k_idx", q2k_idx), ("q2k_num", q2k_num), ("kv_block_sizes", kv_block_sizes)):
+        if not isinstance(t, torch.Tensor) or t.dtype not in _INT_DTYPES:
+            return False, f"{name} must be an integer tensor"
+        if t.device != q.device:
+            return False, f"{name} is on {t.device}, q on {q.device}"
+    if kv_block_sizes.dim() != 1:
+        return False, f"kv_block_sizes must be [T], got {tuple(kv_block_sizes.shape)}"
+    blocks = kv_block_sizes.numel()
+    if blocks == 0 or seq != blocks * BLOCK:
+        return False, f"seqlen {seq} must equal num_blocks ({blocks}) * {BLOCK}"
+    if q2k_idx.dim() != 4 or tuple(q2k_idx.shape[:3]) != (batch, heads, blocks):
+        return False, f"q2k_idx must be [{batch}, {heads}, {blocks}, max_kv], got {tuple(q2k_idx.shape)}"
+    if tuple(q2k_num.shape) != (batch, heads, blocks):
+        return False, f"q2k_num must be [{batch}, {heads}, {blocks}], got {tuple(q2k_num.shape)}"
+    if not sm120_within_launch_limits(batch, heads, seq, blocks, q2k_idx.shape[3]):
+        return False, (f"exceeds the launch limits: batch*heads <= {MAX_BATCH_HEADS}, batch*heads*seqlen <= "
+                       f"{MAX_ROWS}, batch*heads*num_blocks*max_kv <= {MAX_INDEX_ELEMS}")
+    return True, ""
+
+
+@functools.lru_cache(maxsize=None)
+def compiled_kernel(arch: str, kv_stages: int = 2):
+    """The kernel compiled (TVM-FFI) for ``arch``, once per process. Shapes are dynamic, so the
+    key is the arch and the static configuration only (dtype bf16 and head_dim 128 are fixed)."""
+    from fastvideo_cute.kernels.cute.block_sparse_fwd128.block_sparse_fwd128_sm120 import BlockSparseFwd128Sm120
+
+    return BlockSparseFwd128Sm120(kv_stages=kv_stages).compile(arch)
+
+
+@functools.lru_cache(maxsize=None)
+def _num_sms(device_index: int) -> int:
+    return max(1, torch.cuda.get_device_properties(device_index).multi_processor_count)
+
+
+def sm120_block_sparse_fwd(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q2k_idx: torch.Tensor,
+    q2k_num: torch.Tensor,
+    kv_block_sizes: torch.Tensor,
+    out: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """Block-sparse attention forward, 128-token blocks, inference only (see the module
+    docstring). Returns ``out`` (``[B, H, S, 128]`` bf16, allocated if None; every element is
+    written). Raises ``ValueError`` naming the reason when :func:`sm120_fwd_support` refuses."""
+    ok, reason = sm120_fwd_support(q, k, v, q2k_idx, q2k_num, kv_block_sizes)
+    if not ok:
+        raise ValueError(f"sm120_block_sparse_fwd: {reason}")
+    if out is None:
+        out = torch.empty_like(q)
+    elif (out.shape != q.shape or out.dtype != q.dtype or out.device != q.device or not out.is_contiguous()
+          or out.data_ptr() % 16 != 0):
+        raise ValueError("sm120_block_sparse_fwd: out must be a contiguous, 16-byte aligned bf16 tensor of q's shape")
+    if q.numel() == 0:
+        return out
+    batch, heads, seq, _ = q.shape
+    blocks = kv_block_sizes.numel()
+    rows = batch * heads * blocks
+    idx = q2k_idx.to(torch.int32).reshape(rows, q2k_idx.shape[3])
+    num = q2k_num.to(torch.int32).reshape(rows)
+    if idx.shape[1] == 0:  # nothing can be selected: a one-column list the kernel never reads
+        idx = torch.zeros((rows, 1), dtype=torch.int32, device=q.device)
+        num = torch.zeros((rows,), dtype=torch.int32, device=q.device)
+    idx, num = idx.contiguous(), num.contiguous()
+    vbs = kv_block_sizes.to(torch.int32).contiguous()
+    fn = compiled_kernel(sm120_arch(q.device))
+    with torch.cuda.device(q.device):
+        fn(
+            q.detach().view(-1, HEAD_DIM),
+            k.detach().view(-1, HEAD_DIM),
+            v.detach().view(-1, HEAD_DIM),
+            out.detach().view(-1, HEAD_DIM),
+            idx,
+            num,
+            vbs,
+            _num_sms(q.device.index if q.device.index is not None else torch.cuda.current_device()),
+        )
+    return out

@@ -1,0 +1,34 @@
+"""VSA block-sparse attention forward, 128-token q and kv blocks (CuTe DSL kernels).
+
+``KERNEL_BY_ARCH`` maps an arch family (compute capability ``major * 10 + minor``) to the kernel
+class that serves it. sm_90, sm_120 and sm_121 all run the mma.sync + TMA kernel: it is the GB10's
+(sm_121a) kernel, and it compiles unchanged for sm_120a and sm_90a (on the H200 it is the
+verification target, not the fast route: FA4's wgmma kernels are). sm_100 is not targeted
+(mma.sync exists there, but tcgen05 kernels serve it).
+
+Importing this package does not import the CuTe DSL; :func:`kernel_class` does.
+"""
+
+from __future__ import annotations
+
+# arch family -> (module, class name, arch string the kernel is compiled for)
+KERNEL_BY_ARCH = {
+    90: ("block_sparse_fwd128_sm120", "BlockSparseFwd128Sm120", "sm_90a"),
+    120: ("block_sparse_fwd128_sm120", "BlockSparseFwd128Sm120", "sm_120a"),
+    121: ("block_sparse_fwd128_sm120", "BlockSparseFwd128Sm120", "sm_121a"),
+}
+
+TARGET_ARCHS = ("sm_90a", "sm_120a", "sm_121a")
+
+
+def kernel_class(arch_family: int):
+    """The kernel class for an arch family (90, 120, 121); KeyError if none is targeted."""
+    import importlib
+
+    module, name, _ = KERNEL_BY_ARCH[arch_family]
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
+
+
+def target_arch(arch_family: int) -> str:
+    """The ``--gpu-arch`` string for an arch family: "sm_121a" for 121, and so on."""
+    return KERNEL_BY_ARCH[arch_family][2]

@@ -1,0 +1,439 @@
+# SPDX-License-Identifier: Apache-2.0
+"""VSA block-sparse attention forward, 128-token blocks, on mma.sync + TMA (CuTe DSL).
+
+The GB10 (DGX Spark, sm_121a) design: one source that also compiles for sm_120a and sm_90a, since
+mma.sync (m16n8k16, bf16 -> fp32) with ldmatrix and TMA exist on all three. Inference only: it
+writes the output and offers no LSE variant.
+
+What it computes, for BHSD bf16 q/k/v flattened to ``[B*H*S, 128]`` rows, ``S = T * 128``:
+for query tile ``i`` of head ``bh`` that selects ``num[bh*T+i]`` key tiles
+``idx[bh*T+i, 0:num)`` (``map_to_index`` layout; entries past the count are never read), every
+valid row ``r < vbs[i]`` of the tile is ``softmax(q_r K^T / sqrt(128)) V`` over the first
+``vbs[j]`` keys of each selected tile ``j``. Every other row (padding rows, tiles that select
+nothing or only tiles with ``vbs == 0``) is written exactly zero, so the output never needs a
+zero fill. Keys at or past ``vbs[j]`` are masked by selection (never by arithmetic), so padding
+K/V holding NaN/Inf cannot leak; a NaN in a valid query row gives a NaN output row (the softmax
+sum is tested with ``l == 0``, not ``l > 0``). Selected indices outside ``[0, T)`` count as
+empty tiles.
+
+How:
+  - one CTA per (query tile, batch*head), grid ``(T, B*H)``; 8 MMA warps (16 query rows each)
+    plus one TMA producer warp;
+  - Q (128x128) arrives by TMA and is held in registers as mma A fragments;
+  - K and V stream in 64-key chunks (two 64x64 boxes, 128-byte swizzle) through two
+    ``kv_stages``-deep mbarrier rings (TMA transaction barriers full, thread arrivals empty);
+    a chunk past a tile's valid keys is never loaded (a tile with vbs <= 64 is one chunk);
+  - per chunk: S = Q K^T (ldmatrix + mma.sync), mask keys >= valid, online softmax in
+    registers, P (bf16) stays in registers as the A operand of O += P V (ldmatrix.trans);
+    on a partial chunk the V fragments of invalid keys are zeroed before the mma, since
+    0 * NaN would otherwise reach O;
+  - the output goes registers -> shared memory (reusing Q's buffer) -> TMA store;
+  - the phased walk: the n-th of each ``num_slots`` consecutive CTAs (launch order = grid
+    order, tiles fastest) starts n/num_slots of the way through its selection and wraps, so
+    the CTAs resident together read the key tiles they share at about the same time, while
+    those are in L2. A query tile selecting more than half of the tiles walks from entry 0.
+    The order depends only on the launch index, the counts and ``num_slots`` (the SM count),
+    so a call is deterministic.
+
+Shared memory: Q 32 KB + K 2x16 KB + V 2x16 KB + barriers = 96 KB + 64 B, within the GB10's
+99 KB.
+"""
+
+from __future__ import annotations
+
+import math
+
+import cuda.bindings.driver as cuda
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.memory
+import cutlass.pipeline as pipeline
+from cutlass import Float32, Int32, const_expr
+from cutlass.cute.nvgpu import cpasync, warp, warpgroup
+
+BLOCK = 128
+HEAD_DIM = 128
+CHUNK = 64
+
+# Launch limits; fastvideo_cute/adapters/cute_sm120.py mirrors them in its support predicate.
+MAX_BATCH_HEADS = 65535  # grid y
+MAX_ROWS = 2**31 - 1  # B*H*S: TMA row coordinates are int32
+MAX_INDEX_ELEMS = 2**31 - 1  # B*H*T*max_kv: q2k_idx is addressed with int32 offsets
+SMEM_CAPACITY = 99 * 1024  # GB10 / sm_120 opt-in shared memory per block
+
+
+def _mn_view(t: cute.Tensor) -> cute.Tensor:
+    """An m16n8 accumulator fragment ((2, 2), M, N) viewed as (rows (2, M), cols (2, N))."""
+    acc_layout = t.layout
+    col_major = cute.make_layout(acc_layout.shape)
+    shape = ((col_major.shape[0][1], col_major.shape[1]), (col_major.shape[0][0], col_major.shape[2]))
+    stride = ((col_major.stride[0][1], col_major.stride[1]), (col_major.stride[0][0], col_major.stride[2]))
+    return cute.make_tensor(t.iterator, cute.composition(acc_layout, cute.make_layout(shape, stride=stride)))
+
+
+def _acc_as_a_operand(t: cute.Tensor) -> cute.Tensor:
+    """An m16n8 accumulator (4, M, N) viewed as the A operand of an m16n8k16 mma: ((4, 2), M, N / 2)."""
+    l = cute.logical_divide(t.layout, (None, None, 2))
+    layout = cute.make_layout(
+        ((l.shape[0][0], l.shape[0][1], l.shape[2][0]), l.shape[1], l.shape[2][1]),
+        stride=((l.stride[0][0], l.stride[0][1], l.stride[2][0]), l.stride[1], l.stride[2][1]),
+    )
+    return cute.make_tensor(t.iterator, layout)
+
+
+class BlockSparseFwd128Sm120:
+    """mma.sync + TMA block-sparse forward (see the module docstring)."""
+
+    arch_family = "mma.sync+tma"
+
+    def __init__(self, kv_stages: int = 2, num_mma_warps: int = 8):
+        assert num_mma_warps * 16 == BLOCK, "one warp per 16 query rows"
+        self.dtype = cutlass.BFloat16
+        self.kv_stages = kv_stages
+        self.num_mma_warps = num_mma_warps
+        self.num_mma_threads = num_mma_warps * 32
+        self.producer_warp = num_mma_warps
+        self.num_threads = self.num_mma_threads + 32
+        self.softmax_scale_log2 = (1.0 / math.sqrt(HEAD_DIM)) * math.log2(math.e)
+        tile_bytes = 2 * HEAD_DIM * (BLOCK + 2 * CHUNK * kv_stages)
+        assert tile_bytes + 1024 <= SMEM_CAPACITY, "exceeds the GB10's 99 KB of shared memory"
+
+    # ------------------------------------------------------------------ host side
+    @cute.jit
+    def __call__(
+        self,
+        mQ: cute.Tensor,  # [B*H*S, 128] bf16
+        mK: cute.Tensor,
+        mV: cute.Tensor,
+        mO: cute.Tensor,
+        mIdx: cute.Tensor,  # [B*H*T, max_kv] int32
+        mNum: cute.Tensor,  # [B*H*T] int32
+        mVbs: cute.Tensor,  # [T] int32
+        num_slots: Int32,  # CTAs resident at once (the SM count): sets the walks' phases
+        stream: cuda.CUstream,
+    ):
+        atom = warpgroup.make_smem_layout_atom(warpgroup.SmemLayoutAtomKind.K_SW128, self.dtype)
+        sQ_layout = cute.tile_to_shape(atom, (BLOCK, HEAD_DIM), (0, 1))
+        sKV_layout = cute.tile_to_shape(atom, (CHUNK, HEAD_DIM, self.kv_stages), (0, 1, 2))
+
+        g2s = cpasync.CopyBulkTensorTileG2SOp()
+        tma_atom_Q, tma_Q = cpasync.make_tiled_tma_atom(g2s, mQ, sQ_layout, (BLOCK, HEAD_DIM))
+        kv_stage_layout = cute.select(sKV_layout, mode=[0, 1])
+        tma_atom_K, tma_K = cpasync.make_tiled_tma_atom(g2s, mK, kv_stage_layout, (CHUNK, HEAD_DIM))
+        tma_atom_V, tma_V = cpasync.make_tiled_tma_atom(g2s, mV, kv_stage_layout, (CHUNK, HEAD_DIM))
+        tma_atom_O, tma_O = cpasync.make_tiled_tma_atom(
+            cpasync.CopyBulkTensorTileS2GOp(), mO, sQ_layout, (BLOCK, HEAD_DIM)
+        )
+
+        tiled_mma = cute.make_tiled_mma(
+            warp.MmaF16BF16Op(self.dtype, Float32, (16, 8, 16)),
+            (self.num_mma_warps, 1, 1),
+            permutation_mnk=(self.num_mma_warps * 16, 16, 16),
+        )
+
+        stages = self.kv_stages
+
+        @cute.struct
+        class SharedStorage:
+            mbar_q: cute.struct.MemRange[cutlass.Int64, 2]
+            mbar_k: cute.struct.MemRange[cutlass.Int64, 2 * stages]
+            mbar_v: cute.struct.MemRange[cutlass.Int64, 2 * stages]
+            sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
+            sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sKV_layout)], 1024]
+            sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sKV_layout)], 1024]
+
+        tiles = cute.size(mVbs.shape[0])
+        batch_heads = cute.size(mNum.shape[0]) // tiles
+        self.kernel(
+            tma_atom_Q, tma_Q, tma_atom_K, tma_K, tma_atom_V, tma_V, tma_atom_O, tma_O,
+            mIdx, mNum, mVbs, num_slots, sQ_layout, sKV_layout, tiled_mma, SharedStorage,
+        ).launch(
+            grid=(tiles, batch_heads, 1),
+            block=(self.num_threads, 1, 1),
+            smem=SharedStorage.size_in_bytes(),
+            stream=stream,
+            # One CTA per SM (shared memory allows no second); without this ptxas budgets for more.
+            min_blocks_per_mp=1,
+        )
+
+    # ------------------------------------------------------------------ device side
+    @cute.jit
+    def walk_entry(self, mIdx: cute.Tensor, mVbs: cute.Tensor, query: Int32, e: Int32, start: Int32,
+                   count: Int32, tiles: Int32):
+        """Entry ``e`` of the rotated walk: (kv tile, its valid keys); invalid tiles have 0 keys."""
+        at = e + start
+        if at >= count:
+            at = at - count
+        kv_tile = mIdx[query, at]
+        valid = Int32(0)
+        if kv_tile >= 0 and kv_tile < tiles:
+            valid = cutlass.min(cutlass.max(mVbs[kv_tile], Int32(0)), Int32(BLOCK))
+        return kv_tile, valid
+
+    @cute.kernel
+    def kernel(
+        self,
+        tma_atom_Q: cute.CopyAtom,
+        mQ: cute.Tensor,
+        tma_atom_K: cute.CopyAtom,
+        mK: cute.Tensor,
+        tma_atom_V: cute.CopyAtom,
+        mV: cute.Tensor,
+        tma_atom_O: cute.CopyAtom,
+        mO: cute.Tensor,
+        mIdx: cute.Tensor,
+        mNum: cute.Tensor,
+        mVbs: cute.Tensor,
+        num_slots: Int32,
+        sQ_layout: cute.ComposedLayout,
+        sKV_layout: cute.ComposedLayout,
+        tiled_mma: cute.TiledMma,
+        SharedStorage: cutlass.Constexpr,
+    ):
+        tidx, _, _ = cute.arch.thread_idx()
+        tile, bh, _ = cute.arch.block_idx()
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+
+        tiles = mVbs.shape[0]
+        max_kv = mIdx.shape[1]
+        query = bh * tiles + tile  # also the launch index: the grid runs tiles fastest
+        rows = cutlass.min(cutlass.max(mVbs[tile], Int32(0)), Int32(BLOCK))
+        count = cutlass.min(cutlass.max(mNum[query], Int32(0)), max_kv)
+        if rows == 0:
+            count = Int32(0)
+        # The phased walk's first entry (see the module docstring).
+        start = Int32(0)
+        if 2 * count <= tiles:
+            start = (query % num_slots) * count // num_slots
+
+        if warp_idx == 0:
+            for atom in (tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_O):
+                cpasync.prefetch_descriptor(atom)
+
+        smem = cutlass.memory.SmemAllocator()
+        storage = smem.allocate(SharedStorage)
+        sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
+        sK = storage.sK.get_tensor(sKV_layout.outer, swizzle=sKV_layout.inner)
+        sV = storage.sV.get_tensor(sKV_layout.outer, swizzle=sKV_layout.inner)
+
+        producer = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
+        # PipelineTmaAsync's consumer_release arrives from one lane per warp: count warps.
+        consumers = pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_mma_warps)
+        q_bytes = BLOCK * HEAD_DIM * 2
+        chunk_bytes = CHUNK * HEAD_DIM * 2
+        pipeline_q = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.mbar_q.data_ptr(), num_stages=1, producer_group=producer,
+            consumer_group=consumers, tx_count=q_bytes, defer_sync=True,
+        )
+        pipeline_k = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.mbar_k.data_ptr(), num_stages=self.kv_stages, producer_group=producer,
+            consumer_group=consumers, tx_count=chunk_bytes, defer_sync=True,
+        )
+        pipeline_v = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.mbar_v.data_ptr(), num_stages=self.kv_stages, producer_group=producer,
+            consumer_group=consumers, tx_count=chunk_bytes, defer_sync=True,
+        )
+        cute.arch.mbarrier_init_fence()
+        cute.arch.barrier()
+
+        if warp_idx == self.producer_warp:
+            self.producer(tma_atom_Q, mQ, tma_atom_K, mK, tma_atom_V, mV, mIdx, mVbs, sQ, sK, sV,
+                          pipeline_q, pipeline_k, pipeline_v, bh, tile, query, count, start, tiles)
+        else:
+            self.consumer(tma_atom_O, mO, mIdx, mVbs, sQ, sK, sV, tiled_mma, pipeline_q, pipeline_k,
+                          pipeline_v, tidx, bh, tile, query, rows, count, start, tiles)
+
+    @cute.jit
+    def producer(self, tma_atom_Q, mQ, tma_atom_K, mK, tma_atom_V, mV, mIdx, mVbs, sQ, sK, sV,
+                 pipeline_q, pipeline_k, pipeline_v, bh, tile, query, count, start, tiles):
+        unit = cute.make_layout(1)
+        gQ = cute.local_tile(mQ, (BLOCK, HEAD_DIM), (None, 0))  # (128, 128, q tiles)
+        gK = cute.local_tile(mK, (CHUNK, HEAD_DIM), (None, 0))  # (64, 128, chunks)
+        gV = cute.local_tile(mV, (CHUNK, HEAD_DIM), (None, 0))
+        tQsQ, tQgQ = cpasync.tma_partition(tma_atom_Q, 0, unit, cute.group_modes(sQ, 0, 2),
+                                           cute.group_modes(gQ, 0, 2))
+        tKsK, tKgK = cpasync.tma_partition(tma_atom_K, 0, unit, cute.group_modes(sK, 0, 2),
+                                           cute.group_modes(gK, 0, 2))
+        tVsV, tVgV = cpasync.tma_partition(tma_atom_V, 0, unit, cute.group_modes(sV, 0, 2),
+                                           cute.group_modes(gV, 0, 2))
+        if count > 0:
+            q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
+            pipeline_q.producer_acquire(q_state)
+            cute.copy(tma_atom_Q, tQgQ[None, query], tQsQ, tma_bar_ptr=pipeline_q.producer_get_barrier(q_state))
+        k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.kv_stages)
+        v_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.kv_stages)
+        head_chunk = bh * tiles * 2
+        for e in cutlass.range(count, unroll=1):
+            kv_tile, valid = self.walk_entry(mIdx, mVbs, query, e, start, count, tiles)
+            for h in cutlass.range((valid + CHUNK - 1) // CHUNK, unroll=1):
+                chunk = head_chunk + kv_tile * 2 + h
+                pipeline_k.producer_acquire(k_state)
+                cute.copy(tma_atom_K, tKgK[None, chunk], tKsK[None, k_state.index],
+                          tma_bar_ptr=pipeline_k.producer_get_barrier(k_state))
+                k_state.advance()
+                pipeline_v.producer_acquire(v_state)
+                cute.copy(tma_atom_V, tVgV[None, chunk], tVsV[None, v_state.index],
+                          tma_bar_ptr=pipeline_v.producer_get_barrier(v_state))
+                v_state.advance()
+
+    @cute.jit
+    def consumer(self, tma_atom_O, mO, mIdx, mVbs, sQ, sK, sV, tiled_mma, pipeline_q, pipeline_k,
+                 pipeline_v, tidx, bh, tile, query, rows, count, start, tiles):
+        thr_mma = tiled_mma.get_slice(tidx)
+        # V^T views: (head_dim, keys, stage), the B operand of O += P V.
+        sVt = cute.make_tensor(sV.iterator, cute.select(sV.layout, mode=[1, 0, 2]))
+
+        tSrQ = thr_mma.make_fragment_A(thr_mma.partition_A(sQ))
+        tSrK = thr_mma.make_fragment_B(thr_mma.partition_B(sK[None, None, 0]))
+        tOrVt = thr_mma.make_fragment_B(thr_mma.partition_B(sVt[None, None, 0]))
+        acc_O = cute.make_rmem_tensor(thr_mma.partition_shape_C((BLOCK, HEAD_DIM)), Float32)
+        acc_O.fill(0.0)
+        acc_S_shape = thr_mma.partition_shape_C((BLOCK, CHUNK))
+
+        ldsm = cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype)
+        ldsm_t = cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=True, num_matrices=4), self.dtype)
+        thr_copy_Q = cute.make_tiled_copy_A(ldsm, tiled_mma).get_slice(tidx)
+        thr_copy_K = cute.make_tiled_copy_B(ldsm, tiled_mma).get_slice(tidx)
+        thr_copy_V = cute.make_tiled_copy_B(ldsm_t, tiled_mma).get_slice(tidx)
+        tSsQ = thr_copy_Q.partition_S(sQ)
+        tSsK = thr_copy_K.partition_S(sK)
+        tOsVt = thr_copy_V.partition_S(sVt)
+        tSrQ_view = thr_copy_Q.retile(tSrQ)
+        tSrK_view = thr_copy_K.retile(tSrK)
+        tOrVt_view = thr_copy_V.retile(tOrVt)
+
+        # Coordinates of the fragments' elements: key columns of S, key rows of V^T, rows of O.
+        tScS = thr_mma.partition_C(cute.make_identity_tensor((BLOCK, CHUNK)))
+        tOcVt = thr_mma.partition_B(cute.make_identity_tensor((HEAD_DIM, CHUNK)))
+        tOcO_mn = _mn_view(thr_mma.partition_C(cute.make_identity_tensor((BLOCK, HEAD_DIM))))
+
+        acc_O_mn = _mn_view(acc_O)
+        num_rows = cute.size(acc_O_mn, mode=[0])
+        row_max = cute.make_rmem_tensor((num_rows,), Float32)
+        row_sum = cute.make_rmem_tensor((num_rows,), Float32)
+        row_max.fill(-Float32.inf)
+        row_sum.fill(0.0)
+        scale_log2 = Float32(self.softmax_scale_log2)
+
+        if count > 0:
+            # Q stays in shared memory: its fragments are re-read per k-step, which keeps the
+            # registers under the 168 that 9 warps allow (one SM quadrant holds 3 of them).
+            q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
+            pipeline_q.consumer_wait(q_state)
+
+        k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.kv_stages)
+        v_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.kv_stages)
+        num_k_blocks = cute.size(tSrQ, mode=[2])
+        num_pv_k_blocks = cute.size(tOrVt, mode=[2])
+        for e in cutlass.range(count, unroll=1):
+            kv_tile, valid = self.walk_entry(mIdx, mVbs, query, e, start, count, tiles)
+            for h in cutlass.range((valid + CHUNK - 1) // CHUNK, unroll=1):
+                keys = cutlass.min(valid - h * CHUNK, Int32(CHUNK))
+                # ---- S = Q K^T
+                acc_S = cute.make_rmem_tensor(acc_S_shape, Float32)
+                acc_S.fill(0.0)
+                pipeline_k.consumer_wait(k_state)
+                tSsK_cur = tSsK[None, None, None, k_state.index]
+                cute.copy(thr_copy_Q, tSsQ[None, None, 0], tSrQ_view[None, None, 0])
+                cute.copy(thr_copy_K, tSsK_cur[None, None, 0], tSrK_view[None, None, 0])
+                for k in cutlass.range_constexpr(num_k_blocks):
+                    if const_expr(k + 1 < num_k_blocks):
+                        cute.copy(thr_copy_Q, tSsQ[None, None, k + 1], tSrQ_view[None, None, k + 1])
+                        cute.copy(thr_copy_K, tSsK_cur[None, None, k + 1], tSrK_view[None, None, k + 1])
+                    cute.gemm(tiled_mma, acc_S, tSrQ[None, None, k], tSrK[None, None, k], acc_S)
+                pipeline_k.consumer_release(k_state)
+                k_state.advance()
+                # ---- mask keys at or past the chunk's valid count (a select: NaN scores go too)
+                if keys < CHUNK:
+                    for i in cutlass.range_constexpr(cute.size(acc_S)):
+                        if tScS[i][1] >= keys:
+                            acc_S[i] = -Float32.inf
+                # ---- online softmax, P in registers
+                acc_S_mn = _mn_view(acc_S)
+                for r in cutlass.range_constexpr(num_rows):
+                    row = acc_S_mn[r, None].load()
+                    cur_max = row.reduce(cute.ReductionOp.MAX, row_max[r], 0)
+                    cur_max = cute.arch.warp_reduction_max(cur_max, threads_in_group=4)
+                    prev_max = row_max[r]
+                    row_max[r] = cur_max
+                    # A row whose scores are all -inf (or NaN) so far: exponents relative to 0.
+                    safe_max = Float32(0.0) if cur_max == -Float32.inf else cur_max
+                    p = cute.math.exp2(row * scale_log2 - safe_max * scale_log2, fastmath=True)
+                    acc_S_mn[r, None].store(p)
+                    alpha = cute.math.exp2((prev_max - safe_max) * scale_log2, fastmath=True)
+                    row_sum[r] = row_sum[r] * alpha + p.reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
+                    acc_O_mn[r, None].store(acc_O_mn[r, None].load() * alpha)
+                rP = cute.make_rmem_tensor(acc_S_shape, self.dtype)
+                rP.store(acc_S.load().to(self.dtype))
+                tOrP = _acc_as_a_operand(rP)
+                # ---- O += P V
+                pipeline_v.consumer_wait(v_state)
+                tOsVt_cur = tOsVt[None, None, None, v_state.index]
+                for k in cutlass.range_constexpr(num_pv_k_blocks):
+                    cute.copy(thr_copy_V, tOsVt_cur[None, None, k], tOrVt_view[None, None, k])
+                    if keys < CHUNK:
+                        # P is 0 past the valid keys, but 0 * NaN in V's padding rows is NaN.
+                        tOrVt_k = tOrVt[None, None, k]
+                        tOcVt_k = tOcVt[None, None, k]
+                        for i in cutlass.range_constexpr(cute.size(tOrVt_k)):
+                            if tOcVt_k[i][1] >= keys:
+                                tOrVt_k[i] = self.dtype(0.0)
+                    cute.gemm(tiled_mma, acc_O, tOrP[None, None, k], tOrVt[None, None, k], acc_O)
+                pipeline_v.consumer_release(v_state)
+                v_state.advance()
+
+        # ---- epilogue: normalise, zero the rows without keys and the padding rows
+        for r in cutlass.range_constexpr(num_rows):
+            total = cute.arch.warp_reduction_sum(row_sum[r], threads_in_group=4)
+            row_idx = tOcO_mn[r, 0][0]
+            # l == 0: no valid key. A NaN sum (NaN query row) is kept, so the row comes out NaN.
+            empty = total == Float32(0.0)
+            inv = Float32(1.0) / (Float32(1.0) if empty else total)
+            keep = (not empty) and row_idx < rows
+            for c in cutlass.range_constexpr(cute.size(acc_O_mn, mode=[1])):
+                acc_O_mn[r, c] = acc_O_mn[r, c] * inv if keep else Float32(0.0)
+        rO = cute.make_rmem_tensor_like(acc_O, self.dtype)
+        rO.store(acc_O.load().to(self.dtype))
+        sO = sQ  # every warp read only its own Q rows into registers, and writes only those rows of O
+        st_atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=32)
+        thr_copy_O = cute.make_tiled_copy_C(st_atom, tiled_mma).get_slice(tidx)
+        cute.copy(thr_copy_O, thr_copy_O.retile(rO), thr_copy_O.partition_D(sO))
+        cute.arch.fence_view_async_shared()
+        cute.arch.barrier(barrier_id=1, number_of_threads=self.num_mma_threads)
+        if tidx < 32:
+            gO = cute.local_tile(mO, (BLOCK, HEAD_DIM), (None, 0))
+            tOsO, tOgO = cpasync.tma_partition(tma_atom_O, 0, cute.make_layout(1), cute.group_modes(sO, 0, 2),
+                                               cute.group_modes(gO, 0, 2))
+            cute.copy(tma_atom_O, tOsO, tOgO[None, query])
+            cute.arch.cp_async_bulk_commit_group()
+            cute.arch.cp_async_bulk_wait_group(0, read=True)
+
+    # ------------------------------------------------------------------ compilation
+    def fake_args(self) -> tuple:
+        """Fake (tensor-free) arguments of ``__call__``: dynamic row/tile/list sizes, the stream
+        taken from the TVM-FFI environment (the caller's current torch stream)."""
+        rows = cute.sym_int32()
+        bht, max_kv, tiles = cute.sym_int32(), cute.sym_int32(), cute.sym_int32()
+
+        def rows_x_dim():
+            return cute.runtime.make_fake_compact_tensor(
+                self.dtype, (rows, HEAD_DIM), stride_order=(1, 0), assumed_align=16
+            )
+
+        idx = cute.runtime.make_fake_compact_tensor(Int32, (bht, max_kv), stride_order=(1, 0), assumed_align=4)
+        num = cute.runtime.make_fake_compact_tensor(Int32, (bht,), assumed_align=4)
+        vbs = cute.runtime.make_fake_compact_tensor(Int32, (tiles,), assumed_align=4)
+        stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
+        return (rows_x_dim(), rows_x_dim(), rows_x_dim(), rows_x_dim(), idx, num, vbs, Int32(1), stream)
+
+    def compile(self, arch: str | None = None, tvm_ffi: bool = True):
+        """``cute.compile`` this configuration for ``arch`` ("sm_121a", "sm_120a", "sm_90a"; None:
+        the DSL's default, the local GPU). The result is called as
+        ``fn(q2d, k2d, v2d, o2d, idx2d, num1d, vbs1d, num_slots)`` with torch tensors."""
+        options = []
+        if tvm_ffi:
+            options.append("--enable-tvm-ffi")
+        if arch is not None:
+            options.append(f"--gpu-arch {arch}")
+        return cute.compile(self, *self.fake_args(), options=" ".join(options))
