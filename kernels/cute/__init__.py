@@ -1,0 +1,60 @@
+"""Our CuTe DSL kernels, and the registry ``fastvideo_cute.compile_check`` compiles.
+
+Each :class:`CuteKernelSpec` names one kernel variant, the archs it targets, the SASS
+instructions its cubin must contain (and must not), and a ``build`` function returning
+``(jit_callable, fake_args)`` for ``cute.compile(jit_callable, *fake_args, options=...)``: fake
+tensors and a fake stream, so it compiles on a machine without a GPU. Importing this package
+imports neither torch nor the CuTe DSL; ``build`` does the latter. (FA4's kernels are checked
+elsewhere: tests/adapters/test_fa4_compile.py.)
+
+To register a kernel (a tcgen05 one, say), append a spec to ``REGISTRY``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Tuple
+
+__all__ = ["CuteKernelSpec", "REGISTRY", "SASS_COUNTED", "find"]
+
+# The instructions compile_check counts and prints for every variant.
+SASS_COUNTED = ("HMMA", "HGMMA", "UTCHMMA", "UTMALDG", "LDTM")
+
+
+@dataclass(frozen=True)
+class CuteKernelSpec:
+    name: str
+    archs: Tuple[str, ...]  # the archs it is built for ("sm_121a", ...); others are skipped
+    build: Callable[[], tuple]  # () -> (jit callable, fake args)
+    expect: Tuple[str, ...] = ()  # SASS opcode prefixes that must appear, e.g. "HMMA.16816"
+    forbid: Tuple[str, ...] = ()  # SASS opcode prefixes that must not appear
+    notes: str = field(default="", compare=False)
+
+
+def _block_sparse_fwd128_sm120(kv_stages: int = 2):
+    def build():
+        from .block_sparse_fwd128.block_sparse_fwd128_sm120 import BlockSparseFwd128Sm120
+
+        kernel = BlockSparseFwd128Sm120(kv_stages=kv_stages)
+        return kernel, kernel.fake_args()
+
+    return build
+
+
+REGISTRY: Tuple[CuteKernelSpec, ...] = (
+    CuteKernelSpec(
+        name="block_sparse_fwd128_sm120",
+        archs=("sm_121a", "sm_120a", "sm_90a"),
+        build=_block_sparse_fwd128_sm120(),
+        expect=("HMMA.16816", "UTMALDG"),
+        forbid=("HGMMA", "UTCHMMA"),
+        notes="VSA forward, 128-token blocks: mma.sync + ldmatrix, TMA K/V rings (GB10 design)",
+    ),
+)
+
+
+def find(name: str) -> CuteKernelSpec:
+    for spec in REGISTRY:
+        if spec.name == name:
+            return spec
+    raise KeyError(f"no CuTe kernel named {name!r}; known: {[s.name for s in REGISTRY]}")

@@ -1,0 +1,151 @@
+"""Cross-compile every CuTe DSL kernel of the library for an arch, without a GPU.
+
+    python -m fastvideo_cute.compile_check --arch sm_121a [--arch sm_90a ...] [--kernel NAME] [--keep DIR]
+
+For each variant in ``fastvideo_cute.kernels.cute.REGISTRY`` it prints one line: name, arch,
+compile seconds, registers, spill (stack) bytes, and the counts of the key SASS instructions
+(HMMA, HGMMA, UTCHMMA, UTMALDG, LDTM), then OK or FAIL with the reason. A variant that does not
+target the arch prints ``skipped (not targeted)``. The exit status is 1 if a variant failed to
+build or its SASS lacks an instruction it must use (or has one it must not), else 0.
+
+SASS comes from nvdisasm and the register/stack figures from cuobjdump: the first found of
+``$CUDA_HOME/bin``, the ``nvidia-cuda-nvdisasm`` wheel, triton's bundled CUDA binaries and PATH.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import glob
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Dict, List, Optional, Tuple
+
+# The artifacts must be kept before the CuTe DSL is imported (its settings are read then).
+os.environ.setdefault("CUTE_DSL_KEEP", "cubin")
+
+__all__ = ["main", "check_kernel", "sass_counts", "find_tool"]
+
+_OPCODE_RE = re.compile(r"^\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_.]*)", re.M)
+_RES_RE = re.compile(r"REG:(\d+)\s+STACK:(\d+)\s+SHARED:(\d+)\s+LOCAL:(\d+)")
+
+
+def find_tool(name: str) -> Optional[str]:
+    """Path of a CUDA binary tool (nvdisasm, cuobjdump), or None."""
+    candidates = []
+    for env in ("CUDA_HOME", "CUDA_PATH"):
+        if os.environ.get(env):
+            candidates.append(os.path.join(os.environ[env], "bin", name))
+    for base in sys.path:
+        if base and os.path.isdir(base):
+            candidates += glob.glob(os.path.join(base, "nvidia", "cu*", "bin", name))
+            candidates += glob.glob(os.path.join(base, "nvidia", "cuda_nvdisasm", "bin", name))
+            candidates.append(os.path.join(base, "triton", "backends", "nvidia", "bin", name))
+    for path in candidates:
+        if os.path.isfile(path) and os.access(path, os.X_OK):
+            return path
+    return shutil.which(name)
+
+
+def sass_counts(sass: str) -> Dict[str, int]:
+    """Opcode (with modifiers, e.g. ``HMMA.16816.F32.BF16``) -> count."""
+    return collections.Counter(_OPCODE_RE.findall(sass))
+
+
+def _count_prefix(counts: Dict[str, int], prefix: str) -> int:
+    return sum(n for op, n in counts.items() if op == prefix or op.startswith(prefix + "."))
+
+
+def _resource_usage(cubin_path: str) -> Tuple[Optional[int], Optional[int]]:
+    """(registers, stack bytes) of the cubin's kernel, the largest over its functions."""
+    tool = find_tool("cuobjdump")
+    if tool is None:
+        return None, None
+    out = subprocess.run([tool, "-res-usage", cubin_path], capture_output=True, text=True).stdout
+    found = [(int(r), int(s) + int(loc)) for r, s, _, loc in _RES_RE.findall(out)]
+    if not found:
+        return None, None
+    return max(r for r, _ in found), max(s for _, s in found)
+
+
+def check_kernel(spec, arch: str, keep_dir: Optional[str] = None) -> Tuple[bool, str]:
+    """Compile one registry variant for ``arch``; returns (ok, the printed line)."""
+    from fastvideo_cute.kernels.cute import SASS_COUNTED
+
+    head = f"{spec.name:<32} {arch:<8}"
+    if arch not in spec.archs:
+        return True, f"{head} skipped (not targeted; targets {', '.join(spec.archs)})"
+    import cutlass.cute as cute
+
+    t0 = time.perf_counter()
+    try:
+        fn, args = spec.build()
+        compiled = cute.compile(fn, *args, options=f"--gpu-arch {arch}")
+    except Exception as exc:  # noqa: BLE001 - report any build failure as a failed line
+        msg = str(exc).strip().splitlines()
+        return False, f"{head} FAIL build: {type(exc).__name__}: {msg[-1] if msg else ''}"[:400]
+    secs = time.perf_counter() - t0
+    cubin = getattr(getattr(compiled, "artifacts", None), "CUBIN", None)
+    if not cubin:
+        return False, f"{head} {secs:6.1f}s FAIL no cubin kept (CUTE_DSL_KEEP must include cubin)"
+    out_dir = keep_dir or tempfile.mkdtemp(prefix="fvc_compile_check_")
+    os.makedirs(out_dir, exist_ok=True)
+    cubin_path = os.path.join(out_dir, f"{spec.name}.{arch}.cubin")
+    with open(cubin_path, "wb") as f:
+        f.write(cubin)
+    regs, stack = _resource_usage(cubin_path)
+    nvdisasm = find_tool("nvdisasm")
+    if nvdisasm is None:
+        return False, f"{head} {secs:6.1f}s FAIL nvdisasm not found (set CUDA_HOME or install triton)"
+    dis = subprocess.run([nvdisasm, "-c", cubin_path], capture_output=True, text=True)
+    if dis.returncode != 0 or not dis.stdout:
+        return False, f"{head} {secs:6.1f}s FAIL nvdisasm: {dis.stderr.strip()[:200]}"
+    if keep_dir:
+        with open(os.path.join(out_dir, f"{spec.name}.{arch}.sass"), "w") as f:
+            f.write(dis.stdout)
+    else:
+        shutil.rmtree(out_dir, ignore_errors=True)
+    counts = sass_counts(dis.stdout)
+    missing = [p for p in spec.expect if _count_prefix(counts, p) == 0]
+    present = [p for p in spec.forbid if _count_prefix(counts, p) > 0]
+    shown = " ".join(f"{op}={_count_prefix(counts, op)}" for op in SASS_COUNTED)
+    line = (f"{head} {secs:6.1f}s regs={regs if regs is not None else '?'} "
+            f"spill={stack if stack is not None else '?'}B {shown}")
+    if missing or present:
+        why = []
+        if missing:
+            why.append(f"lacks {', '.join(missing)}")
+        if present:
+            why.append(f"has {', '.join(present)}")
+        return False, f"{line} FAIL {'; '.join(why)}"
+    return True, f"{line} OK"
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m fastvideo_cute.compile_check", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--arch", action="append", required=True,
+                        help="target arch, e.g. sm_121a, sm_120a, sm_90a, sm_100a (repeat or comma-separate)")
+    parser.add_argument("--kernel", action="append", help="only these registry names (repeatable)")
+    parser.add_argument("--keep", metavar="DIR", help="write each variant's cubin and SASS here")
+    ns = parser.parse_args(argv)
+    archs = [a.strip() for arg in ns.arch for a in arg.split(",") if a.strip()]
+
+    from fastvideo_cute.kernels.cute import REGISTRY, find
+
+    specs = [find(n) for n in ns.kernel] if ns.kernel else list(REGISTRY)
+    failed = 0
+    for arch in archs:
+        for spec in specs:
+            ok, line = check_kernel(spec, arch, ns.keep)
+            print(line, flush=True)
+            failed += not ok
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

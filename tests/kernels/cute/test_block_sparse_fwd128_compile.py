@@ -1,0 +1,115 @@
+"""CPU checks of the CuTe DSL mma.sync + TMA block-sparse forward (128-token blocks).
+
+Cross-compiles the kernel for its three targets (sm_121a: the GB10, sm_120a, sm_90a) with
+``python -m fastvideo_cute.compile_check`` in a subprocess (the CuTe DSL reads its artifact
+settings at import), and checks the SASS: mma.sync (HMMA.16816) and TMA loads (UTMALDG), no
+wgmma (HGMMA) nor tcgen05 (UTCHMMA). About 10 s on a 2-core box.
+"""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+pytest.importorskip("cutlass")
+
+TARGETS = ("sm_121a", "sm_120a", "sm_90a")
+NAME = "block_sparse_fwd128_sm120"
+
+
+def _run(args, **kw):
+    env = dict(os.environ)
+    env.pop("CUTE_DSL_ARCH", None)
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env, timeout=600, **kw)
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory):
+    keep = tmp_path_factory.mktemp("cute_sass")
+    arch_args = [a for arch in (*TARGETS, "sm_100a") for a in ("--arch", arch)]
+    proc = _run(["-m", "fastvideo_cute.compile_check", *arch_args, "--kernel", NAME, "--keep", str(keep)])
+    return proc, keep
+
+
+def test_compile_check_passes_for_every_target(compiled):
+    proc, _ = compiled
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = [line for line in proc.stdout.splitlines() if line.startswith(NAME)]
+    assert len(lines) == 4, proc.stdout
+    for arch in TARGETS:
+        (line,) = [line for line in lines if line.split()[1] == arch]
+        assert line.endswith(" OK"), line
+        assert "spill=0B" in line, f"the kernel spills on {arch}: {line}"
+    (line,) = [line for line in lines if line.split()[1] == "sm_100a"]
+    assert "skipped (not targeted" in line
+
+
+@pytest.mark.parametrize("arch", TARGETS)
+def test_sass_uses_mma_sync_and_tma(compiled, arch):
+    _, keep = compiled
+    sass = (keep / f"{NAME}.{arch}.sass").read_text()
+    assert f".target\t{arch}" in sass or f".target {arch}" in sass
+    assert "HMMA.16816.F32.BF16" in sass
+    assert "UTMALDG" in sass
+    assert "HGMMA" not in sass and "UTCHMMA" not in sass
+
+
+def test_compile_check_fails_on_missing_instruction(tmp_path):
+    """A variant whose SASS lacks an expected instruction makes the check fail."""
+    script = textwrap.dedent(
+        f"""
+        import dataclasses, os
+        os.environ.setdefault("CUTE_DSL_KEEP", "cubin")
+        from fastvideo_cute import compile_check
+        from fastvideo_cute.kernels.cute import find
+        spec = dataclasses.replace(find("{NAME}"), expect=("HGMMA",))
+        ok, line = compile_check.check_kernel(spec, "sm_121a")
+        print(line)
+        assert not ok and "lacks HGMMA" in line, line
+        """
+    )
+    proc = _run(["-c", script])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_arch_table_and_limits_agree():
+    from fastvideo_cute.adapters import cute_sm120
+    from fastvideo_cute.kernels.cute import block_sparse_fwd128 as pkg
+    from fastvideo_cute.kernels.cute.block_sparse_fwd128 import block_sparse_fwd128_sm120 as mod
+
+    for family, arch in ((90, "sm_90a"), (120, "sm_120a"), (121, "sm_121a")):
+        assert pkg.kernel_class(family) is mod.BlockSparseFwd128Sm120
+        assert pkg.target_arch(family) == arch
+        assert cute_sm120.SUPPORTED_CAPABILITIES[divmod(family, 10)] == arch
+    assert 100 not in pkg.KERNEL_BY_ARCH
+    assert cute_sm120.MAX_BATCH_HEADS == mod.MAX_BATCH_HEADS
+    assert cute_sm120.MAX_ROWS == mod.MAX_ROWS
+    assert cute_sm120.MAX_INDEX_ELEMS == mod.MAX_INDEX_ELEMS
+
+
+def test_shared_memory_fits_the_gb10():
+    from fastvideo_cute.kernels.cute.block_sparse_fwd128 import block_sparse_fwd128_sm120 as mod
+
+    mod.BlockSparseFwd128Sm120()  # asserts its own budget
+    with pytest.raises(AssertionError):
+        mod.BlockSparseFwd128Sm120(kv_stages=3)
+
+
+def test_support_predicate_on_cpu_tensors():
+    from fastvideo_cute.adapters import cute_sm120
+
+    q = torch.zeros((1, 2, 256, 128), dtype=torch.bfloat16)
+    idx = torch.zeros((1, 2, 2, 2), dtype=torch.int32)
+    num = torch.zeros((1, 2, 2), dtype=torch.int32)
+    vbs = torch.full((2,), 128, dtype=torch.int32)
+    ok, reason = cute_sm120.sm120_fwd_support(q, q, q, idx, num, vbs)
+    assert not ok and "CUDA" in reason
+    with pytest.raises(ValueError, match="CUDA"):
+        cute_sm120.sm120_block_sparse_fwd(q, q, q, idx, num, vbs)
+    assert cute_sm120.sm120_within_launch_limits(1, 65535, 256, 2, 2)
+    assert not cute_sm120.sm120_within_launch_limits(1, 65536, 256, 2, 2)
+    assert not cute_sm120.sm120_within_launch_limits(1, 1, 2**31, 2**24, 1)
+    assert not cute_sm120.sm120_within_launch_limits(1, 1, 2**16 * 128, 2**16, 2**16)
