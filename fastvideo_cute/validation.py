@@ -12,7 +12,7 @@ import torch
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _INT_DTYPES = (torch.int32, torch.int64, torch.int16, torch.uint8)
 
-__all__ = ["check_qkv", "check_block_map", "check_block_sizes", "Shapes"]
+__all__ = ["check_qkv", "check_block_map", "check_block_sizes", "has_partial_blocks", "Shapes"]
 
 
 class Shapes(tuple):
@@ -84,7 +84,7 @@ def check_block_map(block_map, shapes: Shapes, block_size: int, device: torch.de
     return block_map
 
 
-# id(tensor) -> (version, block_size) of a tensor whose range was checked. The entry is
+# id(tensor) -> (version, block_size, has a partial block) of a tensor whose range was checked. The entry is
 # dropped when the tensor dies, and a write to it bumps its version, so a stale pass is impossible.
 _RANGE_OK: dict = {}
 
@@ -101,12 +101,21 @@ def check_block_sizes(sizes, num_blocks: int, block_size: int, device: torch.dev
     if sizes.dim() != 1 or sizes.numel() != num_blocks:
         raise ValueError(f"{name} must be 1-D with one entry per block ({num_blocks}), got shape {list(sizes.shape)}")
     if not torch.compiler.is_compiling():
-        stamp = (sizes._version, block_size)
-        if _RANGE_OK.get(id(sizes)) != stamp:
+        entry = _RANGE_OK.get(id(sizes))
+        if entry is None or entry[:2] != (sizes._version, block_size):
             lo, hi = int(sizes.min()), int(sizes.max())
             if lo < 0 or hi > block_size:
                 raise ValueError(f"{name} must lie in [0, {block_size}], got values in [{lo}, {hi}]")
-            if id(sizes) not in _RANGE_OK:
+            if entry is None:
                 weakref.finalize(sizes, _RANGE_OK.pop, id(sizes), None)
-            _RANGE_OK[id(sizes)] = stamp
+            _RANGE_OK[id(sizes)] = (sizes._version, block_size, lo < block_size)
     return sizes if sizes.dtype == torch.int32 and sizes.is_contiguous() else sizes.to(torch.int32).contiguous()
+
+
+def has_partial_blocks(sizes: torch.Tensor, block_size: int) -> bool:
+    """Whether some block is shorter than ``block_size``, from the range check's record when it
+    has one for this tensor (no sync); True (the safe answer) when unknown."""
+    entry = _RANGE_OK.get(id(sizes))
+    if entry is not None and entry[:2] == (sizes._version, block_size):
+        return entry[2]
+    return True

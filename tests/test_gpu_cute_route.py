@@ -1,0 +1,102 @@
+"""The CuTe route through the public API on a GPU (FASTVIDEO_VSA_CUTEDSL=1): 128/256 blocks,
+BHSD and BSHD, gated VSA, inference == training forward, forced-backend errors. Skipped
+without CUDA or without flash_attn.cute. Tolerances as tests/test_gpu_triton.py (bf16)."""
+
+import pytest
+import torch
+
+import fastvideo_cute as fvc
+from fastvideo_cute.reference import block_sparse_attn_reference, video_sparse_attn_reference
+from fastvideo_cute.routes import RouteError, call_info, select_route
+
+pytestmark = pytest.mark.gpu
+OUT_TOL, GRAD_TOL = 1e-2, 2e-2
+
+
+@pytest.fixture(autouse=True)
+def _cute(monkeypatch):
+    pytest.importorskip("flash_attn.cute")
+    monkeypatch.setenv("FASTVIDEO_VSA_CUTEDSL", "1")
+    monkeypatch.delenv("FASTVIDEO_VSA_TRITON", raising=False)
+    monkeypatch.delenv("FASTVIDEO_VSA_BACKEND", raising=False)
+
+
+def _nerr(a, b):
+    return ((a.float() - b.float()).abs().max() / b.float().abs().max().clamp(min=1e-6)).item()
+
+
+def _served_by(q, k, block, grad, bshd):
+    return select_route(call_info(q, k, block, grad, bshd)).name
+
+
+@pytest.mark.parametrize("block", [128, 256])
+@pytest.mark.parametrize("bshd", [False, True])
+def test_cute_route_block_sparse_fwd_bwd(block, bshd):
+    torch.manual_seed(block + bshd)
+    b, h, d = 1, 2, 128
+    qb, kvb = 3, 4
+    mk = (lambda n: torch.randn(b, n * block, h, d)) if bshd else (lambda n: torch.randn(b, h, n * block, d))
+    q, k, v = (t.cuda().bfloat16().requires_grad_(True) for t in (mk(qb), mk(kvb), mk(kvb)))
+    sizes = torch.tensor([block, block // 2 + 5, 0, 37], dtype=torch.int32, device="cuda")
+    block_map = torch.rand(b, h, qb, kvb, device="cuda") < 0.6
+    block_map[0, 1, 2] = False
+    fn = {(128, False): fvc.block_sparse_attn_128, (128, True): fvc.block_sparse_attn_128_bshd,
+          (256, False): fvc.block_sparse_attn_256, (256, True): fvc.block_sparse_attn_256_bshd}[(block, bshd)]
+    assert _served_by(q, k, block, True, bshd) == "fa4"
+    out, lse = fn(q, k, v, block_map, sizes)
+    tb = (lambda x: x.transpose(1, 2)) if bshd else (lambda x: x)
+    ref, ref_lse = block_sparse_attn_reference(tb(q), tb(k), tb(v), block_map, sizes, block)
+    dout = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    refg = torch.autograd.grad(ref, (q, k, v), tb(dout).float())
+    errs = [_nerr(tb(out), ref)] + [_nerr(g, r) for g, r in zip(grads, refg)]
+    fin = torch.isfinite(ref_lse)
+    print(f"\n[cute block={block} bshd={bshd}] out={errs[0]:.2e} dq={errs[1]:.2e} dk={errs[2]:.2e} dv={errs[3]:.2e}"
+          f" lse={(lse[fin] - ref_lse[fin]).abs().max().item():.2e}")
+    assert errs[0] < OUT_TOL and max(errs[1:]) < GRAD_TOL
+    assert torch.equal(torch.isneginf(lse), ~fin)
+    assert (tb(out)[0, 1, 2 * block:] == 0).all()
+    with torch.no_grad():
+        out_inf, _ = fn(q, k, v, block_map, sizes)
+    assert torch.equal(out_inf, out.detach()), "inference forward must equal the training forward bit for bit"
+
+
+@pytest.mark.parametrize("tile,bshd", [((2, 8, 8), False), ((4, 8, 8), True)])
+def test_cute_route_gated_vsa(tile, bshd):
+    torch.manual_seed(3)
+    be = tile[0] * tile[1] * tile[2]
+    nb, h, d, topk = 4, 2, 128, 2
+    shape = (1, nb * be, h, d) if bshd else (1, h, nb * be, d)
+    sizes = torch.tensor([be, be - 29, be, 61], dtype=torch.int32, device="cuda")
+    q_sizes = torch.tensor([be, be, be - 7, be], dtype=torch.int32, device="cuda")
+    xs = [torch.randn(shape, device="cuda", dtype=torch.bfloat16) for _ in range(4)]
+    tb = (lambda x: x.transpose(1, 2)) if bshd else (lambda x: x)
+    for x, s in zip(xs[:3], (q_sizes, sizes, sizes)):
+        xb = tb(x)
+        for j, n in enumerate(s.tolist()):
+            xb[:, :, j * be + n:(j + 1) * be] = 0
+    gate = xs[3] * 0.1
+    q, k, v, gate = (t.requires_grad_(True) for t in (xs[0], xs[1], xs[2], gate))
+    fn = fvc.video_sparse_attn_bshd if bshd else fvc.video_sparse_attn
+    out = fn(q, k, v, sizes, q_sizes, topk, block_size=tile, compress_attn_weight=gate)
+    ref = video_sparse_attn_reference(tb(q), tb(k), tb(v), sizes, q_sizes, topk, tile, tb(gate))
+    dout = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v, gate), dout)
+    refg = torch.autograd.grad(ref, (q, k, v, gate), tb(dout).float())
+    errs = [_nerr(tb(out), ref)] + [_nerr(g, r) for g, r in zip(grads, refg)]
+    print(f"\n[cute vsa tile={tile} bshd={bshd}] " + " ".join(f"{e:.2e}" for e in errs))
+    assert errs[0] < OUT_TOL and max(errs[1:]) < GRAD_TOL
+
+
+def test_forced_fa4_cannot_serve_64_token_backward(monkeypatch):
+    monkeypatch.setenv("FASTVIDEO_VSA_BACKEND", "fa4")
+    q, k, v = (torch.randn(1, 1, 128, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+               for _ in range(3))
+    m = torch.ones(1, 1, 2, 2, dtype=torch.bool, device="cuda")
+    s = torch.full((2,), 64, dtype=torch.int32, device="cuda")
+    with pytest.raises(RouteError, match="128-wide kv tiles"):
+        fvc.block_sparse_attn(q, k, v, m, s)
+    with torch.no_grad():  # the 64-token forward alone is served by FA4 on sm_90
+        out, _ = fvc.block_sparse_attn(q, k, v, m, s)
+    ref, _ = block_sparse_attn_reference(q, k, v, m, s, 64)
+    assert _nerr(out, ref) < OUT_TOL
