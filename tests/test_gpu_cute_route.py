@@ -89,6 +89,8 @@ def test_cute_route_gated_vsa(tile, bshd):
 
 
 def test_forced_fa4_cannot_serve_64_token_backward(monkeypatch):
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the sm_90 FA4 limits")
     monkeypatch.setenv("FASTVIDEO_VSA_BACKEND", "fa4")
     q, k, v = (torch.randn(1, 1, 128, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
                for _ in range(3))
