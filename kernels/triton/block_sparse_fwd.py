@@ -87,7 +87,8 @@ def _bsa_fwd_kernel(
         acc = tl.dot(p.to(v.dtype), v, acc, input_precision=PRECISION)
         m_i = m_new
 
-    has_key = l_i > 0.0
+    # l == 0: no valid key (out 0, lse -inf). A NaN l (NaN in a valid row) must stay NaN in out and lse.
+    has_key = l_i != 0.0
     inv_l = tl.where(has_key, 1.0 / tl.where(has_key, l_i, 1.0), 0.0)
     out = acc * inv_l[:, None]
     # natural-log lse = ln2 * (m + log2 l); -inf where the row has no valid key

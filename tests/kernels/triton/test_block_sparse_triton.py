@@ -238,6 +238,7 @@ def test_nan_in_q_row_propagates():
     p.q[0, 0, 5, 7] = float("nan")
     out, lse = p.fwd()
     assert torch.isnan(out[0, 0, 5]).all()
+    assert torch.isnan(lse[0, 0, 5]), "the NaN row's lse is NaN (as the reference), not -inf"
     others = torch.ones(128, dtype=torch.bool)
     others[5] = False
     assert torch.isfinite(out[0, 0, others]).all()
@@ -248,6 +249,7 @@ def test_nan_in_q_row_propagates():
     assert (dk[:, :, ~p.kv_valid] == 0).all() and (dv[:, :, ~p.kv_valid] == 0).all()
     assert (dk[:, :, 128:] == 0).all() and (dv[:, :, 128:] == 0).all()  # kv block 2 unselected
     assert torch.isfinite(dq[0, 0, 64:]).all()  # q block 1 shares no key with the NaN row's dq
+    assert torch.isnan(dq[0, 0, 5]).all()  # the NaN row's own gradient is NaN, as in the reference
 
 
 def test_no_valid_key_anywhere():
