@@ -363,7 +363,9 @@ class FA4Metadata(NamedTuple):
     plan: FA4Plan
 
 
-def _physical_maps(block_map: torch.Tensor, kv_block_sizes: torch.Tensor, plan: FA4Plan):
+def _physical_maps(block_map: torch.Tensor, kv_block_sizes: torch.Tensor, plan: FA4Plan, all_full: bool = False):
+    """(full map, partial map or None, tile sizes). ``all_full`` is the caller's promise that every
+    kv block is full (known from a cached range check): then the partial map is empty and skipped."""
     block = plan.block_size
     kv_factor = block // plan.kv_tile
     q_factor = block // plan.q_sparse
@@ -371,28 +373,36 @@ def _physical_maps(block_map: torch.Tensor, kv_block_sizes: torch.Tensor, plan: 
     # Sizes outside [0, block] mean "none" / "all" valid, as in the reference; clamp per tile.
     tile_sizes = tile_sizes.clamp(0, plan.kv_tile).to(torch.int32).contiguous()
     phys = expand_block_map(block_map.to(torch.bool), q_factor, kv_factor)
+    if all_full:
+        return phys, None, tile_sizes
     full_cols = (tile_sizes == plan.kv_tile).view(1, 1, 1, -1)
     part_cols = ((tile_sizes > 0) & (tile_sizes < plan.kv_tile)).view(1, 1, 1, -1)
     return phys & full_cols, phys & part_cols, tile_sizes
 
 
-def _index(full: torch.Tensor, part: torch.Tensor, block_size: Tuple[int, int]) -> FA4SparseIndex:
+def _index(full: torch.Tensor, part: Optional[torch.Tensor], block_size: Tuple[int, int]) -> FA4SparseIndex:
     full_idx, full_cnt = map_to_index(full.contiguous())
-    mask_idx, mask_cnt = map_to_index(part.contiguous())
+    if part is None:  # no partial tile anywhere: empty mask lists, no second sort
+        mask_idx, mask_cnt = torch.zeros_like(full_idx), torch.zeros_like(full_cnt)
+    else:
+        mask_idx, mask_cnt = map_to_index(part.contiguous())
     return FA4SparseIndex(full_cnt.contiguous(), full_idx.contiguous(), mask_cnt.contiguous(),
                           mask_idx.contiguous(), block_size)
 
 
-def build_fwd_metadata(block_map: torch.Tensor, kv_block_sizes: torch.Tensor, plan: FA4Plan) -> FA4Metadata:
+def build_fwd_metadata(block_map: torch.Tensor, kv_block_sizes: torch.Tensor, plan: FA4Plan,
+                       all_full: bool = False) -> FA4Metadata:
     """Q-owned forward lists: per sparse q block, its FULL and PARTIAL kv tiles (size-0 dropped)."""
-    full, part, tile_sizes = _physical_maps(_as_4d(block_map), kv_block_sizes, plan)
+    full, part, tile_sizes = _physical_maps(_as_4d(block_map), kv_block_sizes, plan, all_full)
     return FA4Metadata(_index(full, part, (plan.q_sparse, plan.kv_tile)), tile_sizes, plan)
 
 
-def build_bwd_metadata(block_map: torch.Tensor, kv_block_sizes: torch.Tensor, plan: FA4Plan) -> FA4Metadata:
+def build_bwd_metadata(block_map: torch.Tensor, kv_block_sizes: torch.Tensor, plan: FA4Plan,
+                       all_full: bool = False) -> FA4Metadata:
     """KV-owned backward lists: per kv tile, the sparse q blocks that selected it (the transpose)."""
-    full, part, tile_sizes = _physical_maps(_as_4d(block_map), kv_block_sizes, plan)
-    index = _index(full.transpose(-2, -1), part.transpose(-2, -1), (plan.q_sparse, plan.kv_tile))
+    full, part, tile_sizes = _physical_maps(_as_4d(block_map), kv_block_sizes, plan, all_full)
+    index = _index(full.transpose(-2, -1), None if part is None else part.transpose(-2, -1),
+                   (plan.q_sparse, plan.kv_tile))
     return FA4Metadata(index, tile_sizes, plan)
 
 
@@ -537,7 +547,8 @@ def fa4_block_sparse_bwd_prebuilt(q, k, v, out, dout, lse, meta: FA4Metadata, *,
 
 
 def fa4_block_sparse_fwd(q, k, v, block_map, kv_block_sizes, *, block_size: int, need_backward: bool,
-                         softmax_scale: Optional[float] = None, zero_kv_padding: bool = False):
+                         softmax_scale: Optional[float] = None, zero_kv_padding: bool = False,
+                         all_full: bool = False):
     """Block-sparse attention forward through FA4. BSHD in, ``(out BSHD, lse [B, H, Sq] fp32 ln)`` out.
 
     ``need_backward`` only checks, up front, that :func:`fa4_block_sparse_bwd` will be able to
@@ -545,6 +556,9 @@ def fa4_block_sparse_fwd(q, k, v, block_map, kv_block_sizes, *, block_size: int,
     metadata is built by :func:`fa4_block_sparse_bwd`, never here).
     ``zero_kv_padding``: set it when padded keys (positions at or past ``kv_block_sizes``) may
     hold NaN/Inf; see :func:`_zero_kv_padding` (FA4 would otherwise return NaN rows).
+    ``all_full``: the caller's promise that every kv block is full (sizes == block_size), e.g.
+    from a cached range check; the partial lists are then empty and not built. A false promise
+    gives wrong results, so only pass what was checked.
     q/k/v may be strided BSHD views (e.g. ``x_bhsd.transpose(1, 2)``): FA4 takes any layout
     whose last dim is contiguous and whose strides are 16-byte aligned, without a copy.
     """
@@ -552,14 +566,15 @@ def fa4_block_sparse_fwd(q, k, v, block_map, kv_block_sizes, *, block_size: int,
     b, sq, skv, h, d = _check_qkv(q, k, v)
     block_map, kv_block_sizes = _check_map_and_sizes(block_map, kv_block_sizes, b, h, sq, skv, block_size)
     arch = _require_support(q.dtype, d, block_size, bool(need_backward))
-    meta = build_fwd_metadata(block_map, kv_block_sizes, fa4_fwd_plan(arch, block_size))
-    if zero_kv_padding:
+    meta = build_fwd_metadata(block_map, kv_block_sizes, fa4_fwd_plan(arch, block_size), all_full)
+    if zero_kv_padding and not all_full:
         k, v = _zero_kv_padding(k, v, meta)
     return fa4_block_sparse_fwd_prebuilt(q, k, v, meta, softmax_scale=softmax_scale)
 
 
 def fa4_block_sparse_bwd(q, k, v, out, dout, lse, block_map, kv_block_sizes, *, block_size: int,
-                         softmax_scale: Optional[float] = None, zero_kv_padding: bool = False):
+                         softmax_scale: Optional[float] = None, zero_kv_padding: bool = False,
+                         all_full: bool = False):
     """Backward of :func:`fa4_block_sparse_fwd`: ``(dq, dk, dv)``, each shaped like its input.
 
     Builds the KV-owned lists (only here). dk/dv of padded keys come out 0. Pass the same
@@ -580,7 +595,7 @@ def fa4_block_sparse_bwd(q, k, v, out, dout, lse, block_map, kv_block_sizes, *, 
         raise ValueError(f"lse must be float32 [B={b}, H={h}, Sq={sq}], got {got}")
     block_map, kv_block_sizes = _check_map_and_sizes(block_map, kv_block_sizes, b, h, sq, skv, block_size)
     arch = _require_support(q.dtype, d, block_size, True)
-    meta = build_bwd_metadata(block_map, kv_block_sizes, fa4_bwd_plan(arch, block_size))
-    if zero_kv_padding:
+    meta = build_bwd_metadata(block_map, kv_block_sizes, fa4_bwd_plan(arch, block_size), all_full)
+    if zero_kv_padding and not all_full:
         k, v = _zero_kv_padding(k, v, meta)
     return fa4_block_sparse_bwd_prebuilt(q, k, v, out, dout, lse, meta, softmax_scale=softmax_scale)

@@ -37,19 +37,21 @@ def forward(q, k, v, block_map, kv_block_sizes, *, block_size: int, bshd: bool, 
             sm_scale: float):
     # Padded keys may hold anything (the contract says it never leaks); FA4 reads partial tiles
     # whole, so zero them out of place when any tile is partial (known from the cached range check).
-    zero_pad = has_partial_blocks(kv_block_sizes, block_size)
+    # All-full blocks (also from that record) skip the partial lists and the padding pass.
+    partial = has_partial_blocks(kv_block_sizes, block_size)
     out, lse = fa4_block_sparse_fwd(_bshd_view(q, bshd), _bshd_view(k, bshd), _bshd_view(v, bshd), block_map,
                                     kv_block_sizes, block_size=block_size, need_backward=need_backward,
-                                    softmax_scale=sm_scale, zero_kv_padding=zero_pad)
+                                    softmax_scale=sm_scale, zero_kv_padding=partial, all_full=not partial)
     out = out if bshd else out.transpose(1, 2)
     return out.contiguous(), lse
 
 
 def backward(q, k, v, out, dout, lse, block_map, kv_block_sizes, *, block_size: int, bshd: bool, sm_scale: float):
-    zero_pad = has_partial_blocks(kv_block_sizes, block_size)
+    partial = has_partial_blocks(kv_block_sizes, block_size)
     dq, dk, dv = fa4_block_sparse_bwd(_bshd_view(q, bshd), _bshd_view(k, bshd), _bshd_view(v, bshd),
                                       _bshd_view(out, bshd), _bshd_view(dout, bshd), lse, block_map, kv_block_sizes,
-                                      block_size=block_size, softmax_scale=sm_scale, zero_kv_padding=zero_pad)
+                                      block_size=block_size, softmax_scale=sm_scale, zero_kv_padding=partial,
+                                      all_full=not partial)
     if not bshd:
         dq, dk, dv = (t.transpose(1, 2) for t in (dq, dk, dv))
     return dq.contiguous(), dk.contiguous(), dv.contiguous()

@@ -334,3 +334,24 @@ def test_importing_the_adapter_does_not_import_fa4():
             "print(any(m == 'cutlass' or m.startswith('flash_attn') for m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("name,arch,block", PLANS, ids=[p[0] for p in PLANS])
+def test_all_full_fast_path_equals_the_general_build(name, arch, block):
+    """With every kv block full, the all_full build (no partial map, no second sort) gives the
+    same token mask and the same full lists as the general build, and empty partial lists."""
+    qb, kvb = 3, 4
+    block_map, sizes = _case(5, 1, 2, qb, kvb, block, sizes=torch.full((kvb,), block, dtype=torch.int32))
+    for build, plan in ((A.build_fwd_metadata, A.fa4_fwd_plan(arch, block)),
+                        (A.build_bwd_metadata, A.fa4_bwd_plan(arch, block) if block != 64 else None)):
+        if plan is None:
+            continue
+        general = build(block_map, sizes, plan)
+        fast = build(block_map, sizes, plan, all_full=True)
+        assert torch.equal(fast.index.full_cnt, general.index.full_cnt)
+        n = general.index.full_cnt
+        for bi, hi, r in torch.nonzero(torch.ones_like(n, dtype=torch.bool)).tolist():
+            c = int(n[bi, hi, r])
+            assert torch.equal(fast.index.full_idx[bi, hi, r, :c], general.index.full_idx[bi, hi, r, :c])
+        assert (fast.index.mask_cnt == 0).all() and fast.index.mask_idx.shape == fast.index.full_idx.shape
+        assert torch.equal(fast.kv_tile_sizes, general.kv_tile_sizes)
