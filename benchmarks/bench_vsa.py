@@ -198,8 +198,9 @@ def environment() -> dict:
         "fastvideo-cute": _version("fastvideo-cute"),
     }
     try:
-        env["git_commit"] = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True,
-                                           timeout=10).stdout.strip() or None
+        # The device copy of the tree has no git history: the caller passes the commit in FVC_COMMIT.
+        env["git_commit"] = os.environ.get("FVC_COMMIT") or subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=10).stdout.strip() or None
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
                                capture_output=True, text=True, timeout=10).stdout.strip()
         env["git_dirty"] = bool(dirty)
