@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import os
 from typing import Optional, Tuple
 
 import torch
@@ -41,6 +42,8 @@ __all__ = [
     "sm120_fwd_support",
     "sm120_block_sparse_fwd",
     "compiled_kernel",
+    "VARIANTS",
+    "default_variant",
 ]
 
 BLOCK = 128
@@ -136,13 +139,28 @@ def sm120_fwd_support(
     return True, ""
 
 
+# Kernel variants of one contract: "simple" (one group of 8 MMA warps plus a TMA producer warp;
+# the default, verified on the H200) and "ws" (seed 004's two warp groups, QK and PV, overlapping
+# through shared memory; EXPERIMENTAL: it compiles for all three archs but hung in its first H200
+# run, so it is used only when asked for by name).
+VARIANTS = ("simple", "ws")
+_VARIANT_ENV = "FASTVIDEO_CUTE_SM120_KERNEL"
+
+
+def default_variant() -> str:
+    variant = os.environ.get(_VARIANT_ENV, "simple") or "simple"
+    if variant not in VARIANTS:
+        raise ValueError(f"{_VARIANT_ENV}={variant!r}: expected one of {VARIANTS}")
+    return variant
+
+
 @functools.lru_cache(maxsize=None)
-def compiled_kernel(arch: str, kv_stages: int = 2):
+def compiled_kernel(arch: str, variant: str = "simple"):
     """The kernel compiled (TVM-FFI) for ``arch``, once per process. Shapes are dynamic, so the
     key is the arch and the static configuration only (dtype bf16 and head_dim 128 are fixed)."""
-    from fastvideo_cute.kernels.cute.block_sparse_fwd128.block_sparse_fwd128_sm120 import BlockSparseFwd128Sm120
+    from fastvideo_cute.kernels.cute.block_sparse_fwd128 import variant_class
 
-    return BlockSparseFwd128Sm120(kv_stages=kv_stages).compile(arch)
+    return variant_class(variant)().compile(arch)
 
 
 @functools.lru_cache(maxsize=None)
@@ -158,10 +176,15 @@ def sm120_block_sparse_fwd(
     q2k_num: torch.Tensor,
     kv_block_sizes: torch.Tensor,
     out: Optional[torch.Tensor] = None,
+    variant: Optional[str] = None,
 ) -> torch.Tensor:
     """Block-sparse attention forward, 128-token blocks, inference only (see the module
     docstring). Returns ``out`` (``[B, H, S, 128]`` bf16, allocated if None; every element is
-    written). Raises ``ValueError`` naming the reason when :func:`sm120_fwd_support` refuses."""
+    written). Raises ``ValueError`` naming the reason when :func:`sm120_fwd_support` refuses.
+    ``variant``: "simple" or "ws" (default: ``$FASTVIDEO_CUTE_SM120_KERNEL``, else "simple")."""
+    variant = default_variant() if variant is None else variant
+    if variant not in VARIANTS:
+        raise ValueError(f"sm120_block_sparse_fwd: variant must be one of {VARIANTS}, got {variant!r}")
     ok, reason = sm120_fwd_support(q, k, v, q2k_idx, q2k_num, kv_block_sizes)
     if not ok:
         raise ValueError(f"sm120_block_sparse_fwd: {reason}")
@@ -182,7 +205,7 @@ def sm120_block_sparse_fwd(
         num = torch.zeros((rows,), dtype=torch.int32, device=q.device)
     idx, num = idx.contiguous(), num.contiguous()
     vbs = kv_block_sizes.to(torch.int32).contiguous()
-    fn = compiled_kernel(sm120_arch(q.device))
+    fn = compiled_kernel(sm120_arch(q.device), variant)
     with torch.cuda.device(q.device):
         fn(
             q.detach().view(-1, HEAD_DIM),

@@ -31,11 +31,11 @@ class CuteKernelSpec:
     notes: str = field(default="", compare=False)
 
 
-def _block_sparse_fwd128_sm120(kv_stages: int = 2):
+def _block_sparse_fwd128(variant: str):
     def build():
-        from .block_sparse_fwd128.block_sparse_fwd128_sm120 import BlockSparseFwd128Sm120
+        from .block_sparse_fwd128 import variant_class
 
-        kernel = BlockSparseFwd128Sm120(kv_stages=kv_stages)
+        kernel = variant_class(variant)()
         return kernel, kernel.fake_args()
 
     return build
@@ -45,10 +45,18 @@ REGISTRY: Tuple[CuteKernelSpec, ...] = (
     CuteKernelSpec(
         name="block_sparse_fwd128_sm120",
         archs=("sm_121a", "sm_120a", "sm_90a"),
-        build=_block_sparse_fwd128_sm120(),
+        build=_block_sparse_fwd128("simple"),
         expect=("HMMA.16816", "UTMALDG"),
         forbid=("HGMMA", "UTCHMMA"),
-        notes="VSA forward, 128-token blocks: mma.sync + ldmatrix, TMA K/V rings (GB10 design)",
+        notes="VSA forward, 128-token blocks: mma.sync + ldmatrix, TMA K/V rings, one MMA warp group",
+    ),
+    CuteKernelSpec(
+        name="block_sparse_fwd128_sm120_ws",
+        archs=("sm_121a", "sm_120a", "sm_90a"),
+        build=_block_sparse_fwd128("ws"),
+        expect=("HMMA.16816", "UTMALDG"),
+        forbid=("HGMMA", "UTCHMMA"),
+        notes="the same, QK and PV warp groups overlapping through shared memory (experimental)",
     ),
 )
 

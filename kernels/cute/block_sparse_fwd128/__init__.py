@@ -20,12 +20,29 @@ KERNEL_BY_ARCH = {
 
 TARGET_ARCHS = ("sm_90a", "sm_120a", "sm_121a")
 
+# Kernel variants of the same contract: "simple" (one group of 8 MMA warps + a TMA producer
+# warp: what KERNEL_BY_ARCH serves, verified on the H200) and "ws" (seed 004's two warp groups, QK
+# and PV, overlapping through shared memory; experimental: compiles for all three archs, not yet
+# verified on a GPU).
+VARIANTS = {
+    "simple": ("block_sparse_fwd128_sm120", "BlockSparseFwd128Sm120"),
+    "ws": ("block_sparse_fwd128_sm120_ws", "BlockSparseFwd128Sm120WS"),
+}
+
 
 def kernel_class(arch_family: int):
     """The kernel class for an arch family (90, 120, 121); KeyError if none is targeted."""
     import importlib
 
     module, name, _ = KERNEL_BY_ARCH[arch_family]
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
+
+
+def variant_class(variant: str):
+    """The kernel class of a variant ("ws", "simple")."""
+    import importlib
+
+    module, name = VARIANTS[variant]
     return getattr(importlib.import_module(f"{__name__}.{module}"), name)
 
 

@@ -18,6 +18,7 @@ pytest.importorskip("cutlass")
 
 TARGETS = ("sm_121a", "sm_120a", "sm_90a")
 NAME = "block_sparse_fwd128_sm120"
+NAMES = (NAME, "block_sparse_fwd128_sm120_ws")
 
 
 def _run(args, **kw):
@@ -30,14 +31,16 @@ def _run(args, **kw):
 def compiled(tmp_path_factory):
     keep = tmp_path_factory.mktemp("cute_sass")
     arch_args = [a for arch in (*TARGETS, "sm_100a") for a in ("--arch", arch)]
-    proc = _run(["-m", "fastvideo_cute.compile_check", *arch_args, "--kernel", NAME, "--keep", str(keep)])
+    kernel_args = [a for name in NAMES for a in ("--kernel", name)]
+    proc = _run(["-m", "fastvideo_cute.compile_check", *arch_args, *kernel_args, "--keep", str(keep)])
     return proc, keep
 
 
-def test_compile_check_passes_for_every_target(compiled):
+@pytest.mark.parametrize("name", NAMES)
+def test_compile_check_passes_for_every_target(compiled, name):
     proc, _ = compiled
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    lines = [line for line in proc.stdout.splitlines() if line.startswith(NAME)]
+    lines = [line for line in proc.stdout.splitlines() if line.split()[0] == name]
     assert len(lines) == 4, proc.stdout
     for arch in TARGETS:
         (line,) = [line for line in lines if line.split()[1] == arch]
@@ -47,10 +50,11 @@ def test_compile_check_passes_for_every_target(compiled):
     assert "skipped (not targeted" in line
 
 
+@pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("arch", TARGETS)
-def test_sass_uses_mma_sync_and_tma(compiled, arch):
+def test_sass_uses_mma_sync_and_tma(compiled, arch, name):
     _, keep = compiled
-    sass = (keep / f"{NAME}.{arch}.sass").read_text()
+    sass = (keep / f"{name}.{arch}.sass").read_text()
     assert f".target\t{arch}" in sass or f".target {arch}" in sass
     assert "HMMA.16816.F32.BF16" in sass
     assert "UTMALDG" in sass
@@ -80,6 +84,9 @@ def test_arch_table_and_limits_agree():
     from fastvideo_cute.kernels.cute import block_sparse_fwd128 as pkg
     from fastvideo_cute.kernels.cute.block_sparse_fwd128 import block_sparse_fwd128_sm120 as mod
 
+    assert pkg.variant_class("simple") is mod.BlockSparseFwd128Sm120
+    assert pkg.variant_class("ws").__name__ == "BlockSparseFwd128Sm120WS"
+    assert cute_sm120.default_variant() in cute_sm120.VARIANTS
     for family, arch in ((90, "sm_90a"), (120, "sm_120a"), (121, "sm_121a")):
         assert pkg.kernel_class(family) is mod.BlockSparseFwd128Sm120
         assert pkg.target_arch(family) == arch

@@ -11,6 +11,8 @@ Runs on sm_90 (H200: the verification target), sm_120 and sm_121 (GB10: the kern
 Run: ``python -m pytest -q -m gpu tests/kernels/cute/test_block_sparse_fwd128_gpu.py``
 """
 
+import os
+
 import pytest
 import torch
 
@@ -34,6 +36,33 @@ pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not _runnable(), reason="needs an sm_90/sm_120/sm_121 GPU and the CuTe DSL"),
 ]
+
+
+# The variants under test: "simple" by default; FASTVIDEO_CUTE_SM120_TEST_VARIANTS=simple,ws adds
+# the experimental two-group kernel (run it under `timeout -s KILL`: it hung in its first H200 run).
+_TEST_VARIANTS = [v for v in os.environ.get("FASTVIDEO_CUTE_SM120_TEST_VARIANTS", "simple").split(",") if v]
+
+
+@pytest.fixture(autouse=True, params=_TEST_VARIANTS)
+def variant(request, monkeypatch):
+    """Every test runs on each variant under test (see _TEST_VARIANTS)."""
+    monkeypatch.setenv("FASTVIDEO_CUTE_SM120_KERNEL", request.param)
+    return request.param
+
+
+@pytest.mark.parametrize(
+    "num_blocks,counts,sizes",
+    [(1, [0], [128]), (1, [1], [64]), (1, [1], [128]), (2, [2, 2], [128, 128]), (4, [3, 1, 0, 4], [100, 128, 30, 128])],
+)
+def test_tiny_cases_first(num_blocks, counts, sizes):
+    """The smallest protocols first (no chunk, one chunk, two, refills), so a hang names its case."""
+    gen = torch.Generator(device="cuda").manual_seed(num_blocks)
+    q, k, v = (torch.randn((1, 2, num_blocks * BLOCK, HEAD_DIM), device="cuda", dtype=torch.bfloat16, generator=gen)
+               for _ in range(3))
+    idx = torch.arange(num_blocks, device="cuda", dtype=torch.int32).repeat(1, 2, num_blocks, 1).contiguous()
+    num = torch.tensor(counts, device="cuda", dtype=torch.int32).repeat(1, 2, 1).contiguous()
+    vbs = torch.tensor(sizes, device="cuda", dtype=torch.int32)
+    check((q, k, v, idx, num, vbs))
 
 
 def make_case(num_blocks=8, topk=4, heads=4, batch=1, ragged=False, counts=None, empty_blocks=(), seed=0):
