@@ -145,7 +145,7 @@ def _video_sparse(q, k, v, variable_block_sizes, q_variable_block_sizes, topk, b
     # Sparse branch on the top-k blocks of the pre-softmax scores.
     block_map = topk_block_map(scores.detach(), topk)
     out_s, _ = block_sparse_attn_op(q, k, v, block_map, kv_sizes, block_size=block_elements, bshd=bshd,
-                                    sm_scale=shapes.head_dim ** -0.5)
+                                    sm_scale=shapes.head_dim ** -0.5, need_lse=False)
 
     # Out-of-place composition: a backend may keep out_s for its backward.
     b, h, d = shapes.batch, shapes.heads, shapes.head_dim

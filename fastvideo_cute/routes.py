@@ -48,6 +48,8 @@ class CallInfo:
     q_len: int = 0
     kv_len: int = 0
     bshd: bool = False
+    need_lse: bool = True  # False when the caller discards the LSE (video_sparse_attn's sparse branch)
+    kv_all_full: bool = False  # every kv block full (from the cached range check; False when unknown)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,18 +83,27 @@ def _log_once(message: str) -> None:
         logger.warning(message)
 
 
-def call_info(q: torch.Tensor, k: torch.Tensor, block_size: int, need_grad: bool, bshd: bool) -> CallInfo:
+def call_info(q: torch.Tensor, k: torch.Tensor, block_size: int, need_grad: bool, bshd: bool,
+              need_lse: bool = True, kv_block_sizes: Optional[torch.Tensor] = None) -> CallInfo:
+    from .validation import has_partial_blocks
+
     arch = None
     if q.device.type == "cuda":
         arch = torch.cuda.get_device_capability(q.device)
     s_dim, h_dim = (1, 2) if bshd else (2, 1)
     return CallInfo("block_sparse", q.device.type, arch, q.dtype, q.shape[-1], block_size, need_grad,
-                    batch=q.shape[0], heads=q.shape[h_dim], q_len=q.shape[s_dim], kv_len=k.shape[s_dim], bshd=bshd)
+                    batch=q.shape[0], heads=q.shape[h_dim], q_len=q.shape[s_dim], kv_len=k.shape[s_dim], bshd=bshd,
+                    need_lse=need_lse,
+                    kv_all_full=kv_block_sizes is not None and not has_partial_blocks(kv_block_sizes, block_size))
 
 
 def _cute_preferences(info: CallInfo) -> List[str]:
-    """CuTe backends to try, best first, for this call."""
-    return ["fa4", "sm120"]
+    """CuTe backends to try, best first, for this call: FA4 block sparsity on sm_90/sm_100, our
+    own mma.sync + TMA forward on sm_120/121 (FA4 has no block sparsity there). The sm120 kernel
+    also runs on sm_90, but only when named (FASTVIDEO_VSA_BACKEND=sm120)."""
+    if info.arch is not None and info.arch[0] == 12:
+        return ["sm120"]
+    return ["fa4"]
 
 
 def select_route(info: CallInfo) -> Route:

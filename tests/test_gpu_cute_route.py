@@ -102,3 +102,28 @@ def test_forced_fa4_cannot_serve_64_token_backward(monkeypatch):
         out, _ = fvc.block_sparse_attn(q, k, v, m, s)
     ref, _ = block_sparse_attn_reference(q, k, v, m, s, 64)
     assert _nerr(out, ref) < OUT_TOL
+
+
+def test_sm120_kernel_serves_vsa_inference_when_named(monkeypatch):
+    """The mma.sync + TMA forward, reachable by name on sm_90 (default CuTe route on sm_120/121):
+    it serves video_sparse_attn's no-grad sparse branch when every block is full, and refuses
+    (with the reason) calls that need an LSE or a backward."""
+    if tuple(torch.cuda.get_device_capability()) not in ((9, 0), (12, 0), (12, 1)):
+        pytest.skip("sm_90/sm_120/sm_121 only")
+    monkeypatch.setenv("FASTVIDEO_VSA_BACKEND", "sm120")
+    monkeypatch.delenv("FASTVIDEO_VSA_CUTEDSL", raising=False)
+    torch.manual_seed(11)
+    h, nb, be, topk = 2, 5, 128, 2
+    q, k, v = (torch.randn(1, h, nb * be, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    sizes = torch.full((nb,), be, dtype=torch.int32, device="cuda")
+    with torch.no_grad():
+        out = fvc.video_sparse_attn(q, k, v, sizes, sizes, topk, block_size=(2, 8, 8))
+    ref = video_sparse_attn_reference(q, k, v, sizes, sizes, topk, (2, 8, 8))
+    err = _nerr(out, ref)
+    print(f"\n[sm120 vsa inference] out nerr={err:.2e}")
+    assert err < OUT_TOL
+    m = torch.ones(1, h, nb, nb, dtype=torch.bool, device="cuda")
+    with pytest.raises(RouteError, match="returns no LSE"), torch.no_grad():
+        fvc.block_sparse_attn_128(q, k, v, m, sizes)
+    with pytest.raises(RouteError, match="inference only"):
+        fvc.video_sparse_attn(q.requires_grad_(True), k, v, sizes, sizes, topk, block_size=(2, 8, 8))
