@@ -47,3 +47,12 @@ __all__ = [
     "from_tiles",
     "__version__",
 ]
+
+import os as _os  # noqa: E402
+
+if _os.environ.get("FASTVIDEO_CUTE_CACHE_DIR", "").strip():
+    # One cache root for FA4, Triton and our CuTe kernels (docs/warmup.md); fills in only the
+    # per-tool variables that are not already set. Last, because the warm-up module imports us.
+    from .warmup import configure_cache_from_env as _configure_cache
+
+    _configure_cache()

@@ -158,6 +158,13 @@ def default_variant() -> str:
 def compiled_kernel(arch: str, variant: str = "simple"):
     """The kernel compiled (TVM-FFI) for ``arch``, once per process. Shapes are dynamic, so the
     key is the arch and the static configuration only (dtype bf16 and head_dim 128 are fixed)."""
+    if os.environ.get("FASTVIDEO_CUTE_CACHE_DIR", "").strip():
+        # Through the warm-up's disk cache, so a warmed container loads instead of compiling.
+        # (The load path is exercised on CPU; a GPU launch of a loaded kernel is not yet verified.)
+        from fastvideo_cute.warmup import compile_registry_kernel
+
+        name = {"simple": "block_sparse_fwd128_sm120", "ws": "block_sparse_fwd128_sm120_ws"}[variant]
+        return compile_registry_kernel(name, arch)[0]
     from fastvideo_cute.kernels.cute.block_sparse_fwd128 import variant_class
 
     return variant_class(variant)().compile(arch)
