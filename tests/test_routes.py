@@ -84,3 +84,12 @@ def test_fa4_64_token_backward_goes_to_triton_with_reason(monkeypatch, caplog):
     with caplog.at_level("WARNING", logger="fastvideo_cute"):
         assert select_route(info).name == "triton"
     assert any("128-wide kv tiles" in r.getMessage() for r in caplog.records)
+
+
+def test_experimental_sm120_variant_needs_explicit_opt_in(monkeypatch):
+    from fastvideo_cute.adapters import cute_sm120
+
+    monkeypatch.delenv("FASTVIDEO_CUTE_ALLOW_EXPERIMENTAL", raising=False)
+    t = torch.empty(0)
+    with pytest.raises(RuntimeError, match="experimental"):
+        cute_sm120.sm120_block_sparse_fwd(t, t, t, t, t, t, variant="ws")

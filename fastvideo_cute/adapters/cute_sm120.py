@@ -145,6 +145,8 @@ def sm120_fwd_support(
 # run, so it is used only when asked for by name).
 VARIANTS = ("simple", "ws")
 _VARIANT_ENV = "FASTVIDEO_CUTE_SM120_KERNEL"
+EXPERIMENTAL_VARIANTS = ("ws",)
+_EXPERIMENTAL_ENV = "FASTVIDEO_CUTE_ALLOW_EXPERIMENTAL"
 
 
 def default_variant() -> str:
@@ -192,6 +194,9 @@ def sm120_block_sparse_fwd(
     variant = default_variant() if variant is None else variant
     if variant not in VARIANTS:
         raise ValueError(f"sm120_block_sparse_fwd: variant must be one of {VARIANTS}, got {variant!r}")
+    if variant in EXPERIMENTAL_VARIANTS and os.environ.get(_EXPERIMENTAL_ENV, "") != "1":
+        raise RuntimeError(f"sm120_block_sparse_fwd: variant {variant!r} is experimental (it hung in its only H200 "
+                           f"run); set {_EXPERIMENTAL_ENV}=1 to run it anyway")
     ok, reason = sm120_fwd_support(q, k, v, q2k_idx, q2k_num, kv_block_sizes)
     if not ok:
         raise ValueError(f"sm120_block_sparse_fwd: {reason}")

@@ -47,6 +47,7 @@ _TEST_VARIANTS = [v for v in os.environ.get("FASTVIDEO_CUTE_SM120_TEST_VARIANTS"
 def variant(request, monkeypatch):
     """Every test runs on each variant under test (see _TEST_VARIANTS)."""
     monkeypatch.setenv("FASTVIDEO_CUTE_SM120_KERNEL", request.param)
+    monkeypatch.setenv("FASTVIDEO_CUTE_ALLOW_EXPERIMENTAL", "1")  # asking for "ws" by name is the opt-in
     return request.param
 
 
