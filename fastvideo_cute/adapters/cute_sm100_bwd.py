@@ -1,0 +1,321 @@
+"""Torch adapter for the CuTe DSL VSA block-sparse backward, 64-token blocks (seed 000's chain).
+
+Launch chain (``kernels/cute/block_sparse_bwd64``):
+  1. preprocess (CuTe DSL, sm_90a/sm_100a/sm_103a): ``delta = rowsum(o * dO)`` (fp32),
+     ``lse2 = lse * log2(e)`` (``+inf`` where ``lse == -inf``), ``dq_accum = 0``, dk/dv rows of kv
+     blocks with ``k2q_num == 0`` written as exact zeros;
+  2. work order (torch, on device): ``None`` (identity) below ``ORDER_MIN_KV_BLOCKS`` kv blocks per
+     sequence, else the length-binned order of the ``B*H*nb`` kv items (:func:`work_order`);
+  3. main (CuTe DSL tcgen05, sm_100a): one CTA per kv item, dk/dv written, dq reduce-added;
+  4. postprocess (CuTe DSL): ``dq = bf16(dq_accum * sm_scale)``, no-key rows exactly 0.
+
+Contract (library conventions): q, k, v, out, dout ``[B, H, S, 128]`` bf16 contiguous, ``S = 64 *
+nb`` with ``nb`` even (seed 000's predicate); lse natural-log fp32 ``[B, H, S]`` (``-inf`` rows: no
+valid key, they contribute nothing and get dq 0); k2q lists in ``invert_indices`` layout (idx
+``[B, H, nb, max_q]``, num ``[B, H, nb]``: the first ``num`` entries are the q blocks selecting kv
+block j); kv_block_sizes ``[nb]``: keys at or past the size are masked and get exactly-zero dk/dv
+rows; padding K/V may hold NaN/Inf. Scaling as the Triton backward: dq and dk carry sm_scale.
+
+Status: stages 1, 2 and 4 are here and tested (:func:`sm100_bwd64_common_stages`,
+:func:`work_order`, :func:`sm100_bwd64_postprocess`; GPU tests on any CUDA GPU, the H200 being the
+verification target). The tcgen05 main kernel is not committed yet
+(``block_sparse_bwd64.MAIN_KERNEL_BY_ARCH`` is empty), so :func:`sm100_bwd64_support` refuses with
+that reason and :func:`sm100_block_sparse_bwd64` raises. Once it is, it is reachable only by
+explicit opt-in (``FASTVIDEO_CUTE_SM100_BWD=1`` or ``allow_unverified=True``, with a warning) until
+a compute-capability 10.x run of tests/kernels/cute/test_block_sparse_bwd64_gpu.py has passed.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import math
+import os
+import warnings
+from typing import Dict, Optional, Tuple
+
+import torch
+
+__all__ = [
+    "BLOCK",
+    "HEAD_DIM",
+    "ORDER_MIN_KV_BLOCKS",
+    "ORDER_NUM_BINS",
+    "COMMON_CAPABILITIES",
+    "MAIN_CAPABILITIES",
+    "OPT_IN_ENV",
+    "main_kernel_available",
+    "sm100_bwd64_support",
+    "sm100_bwd64_common_support",
+    "sm100_bwd64_common_stages",
+    "sm100_bwd64_postprocess",
+    "work_order",
+    "emulate_main",
+    "sm100_block_sparse_bwd64",
+]
+
+BLOCK = 64
+HEAD_DIM = 128
+LOG2E = math.log2(math.e)
+# Mirrors kernels/cute/block_sparse_bwd64.ORDER_MIN_KV_BLOCKS (the compile test checks they agree).
+ORDER_MIN_KV_BLOCKS = 1024
+ORDER_NUM_BINS = 8
+MAX_ROWS = 2**31 - 1  # B*H*S: int32 row indices, grid x of the common stages is B*H*S/64
+
+# compute capability -> arch the arch-independent stages are compiled for
+COMMON_CAPABILITIES = {(9, 0): "sm_90a", (10, 0): "sm_100a", (10, 3): "sm_103a"}
+# compute capability -> arch of the whole chain (seed 000: validated on GB200 only, sm_100a)
+MAIN_CAPABILITIES = {(10, 0): "sm_100a"}
+
+OPT_IN_ENV = "FASTVIDEO_CUTE_SM100_BWD"
+_INT_DTYPES = (torch.int32, torch.int64, torch.int16)
+
+
+@functools.lru_cache(maxsize=None)
+def _cute_dsl_importable() -> bool:
+    return importlib.util.find_spec("cutlass") is not None and importlib.util.find_spec("cuda") is not None
+
+
+def main_kernel_available(arch: str = "sm_100a") -> bool:
+    """True iff the tcgen05 main kernel is part of the package for ``arch``."""
+    from fastvideo_cute.kernels.cute import block_sparse_bwd64 as pkg
+
+    return any(entry[2] == arch for entry in pkg.MAIN_KERNEL_BY_ARCH.values())
+
+
+def _capability(t: torch.Tensor):
+    return torch.cuda.get_device_capability(t.device) if t.is_cuda and torch.cuda.is_available() else None
+
+
+def _check_activations(q, k, v, out, dout) -> Tuple[bool, str]:
+    for name, t in (("q", q), ("k", k), ("v", v), ("out", out), ("dout", dout)):
+        if not isinstance(t, torch.Tensor):
+            return False, f"{name} is not a tensor"
+        if not t.is_cuda:
+            return False, f"{name} is not a CUDA tensor"
+        if t.dtype != torch.bfloat16:
+            return False, f"{name} must be bfloat16, got {t.dtype}"
+        if t.dim() != 4:
+            return False, f"{name} must be [B, H, S, {HEAD_DIM}], got {tuple(t.shape)}"
+        if not t.is_contiguous():
+            return False, f"{name} must be contiguous (BHSD)"
+        if t.data_ptr() % 16 != 0:
+            return False, f"{name} must be 16-byte aligned"
+        if t.device != q.device:
+            return False, f"{name} is on {t.device}, q on {q.device}"
+        if t.shape != q.shape:
+            return False, f"{name} has shape {tuple(t.shape)}, q {tuple(q.shape)}"
+    if q.shape[-1] != HEAD_DIM:
+        return False, f"head_dim must be {HEAD_DIM}, got {q.shape[-1]}"
+    return True, ""
+
+
+def _check_meta(q, lse, k2q_idx, k2q_num, kv_block_sizes) -> Tuple[bool, str]:
+    batch, heads, seq, _ = q.shape
+    if not isinstance(lse, torch.Tensor) or lse.dtype != torch.float32 or not lse.is_contiguous():
+        return False, "lse must be a contiguous float32 tensor"
+    if tuple(lse.shape) != (batch, heads, seq):
+        return False, f"lse must be [B, H, S] = {(batch, heads, seq)}, got {tuple(lse.shape)}"
+    if lse.device != q.device:
+        return False, f"lse is on {lse.device}, q on {q.device}"
+    for name, t in (("k2q_idx", k2q_idx), ("k2q_num", k2q_num), ("kv_block_sizes", kv_block_sizes)):
+        if t is None and name == "k2q_idx":  # the common stages take no k2q_idx
+            continue
+        if not isinstance(t, torch.Tensor) or t.dtype not in _INT_DTYPES:
+            return False, f"{name} must be an integer tensor"
+        if t.device != q.device:
+            return False, f"{name} is on {t.device}, q on {q.device}"
+    if kv_block_sizes.dim() != 1:
+        return False, f"kv_block_sizes must be [nb], got {tuple(kv_block_sizes.shape)}"
+    nb = kv_block_sizes.numel()
+    if nb < 1 or nb % 2 != 0:
+        return False, f"the number of kv blocks must be even and >= 2 (seed 000's preprocess), got {nb}"
+    if seq != BLOCK * nb:
+        return False, f"seqlen {seq} must equal num_kv_blocks ({nb}) * {BLOCK}"
+    if k2q_idx is not None and (k2q_idx.dim() != 4 or tuple(k2q_idx.shape[:3]) != (batch, heads, nb)
+                                or k2q_idx.shape[3] < 1):
+        return False, f"k2q_idx must be [{batch}, {heads}, {nb}, max_q_blocks >= 1], got {tuple(k2q_idx.shape)}"
+    if tuple(k2q_num.shape) != (batch, heads, nb):
+        return False, f"k2q_num must be [{batch}, {heads}, {nb}], got {tuple(k2q_num.shape)}"
+    if batch * heads * seq > MAX_ROWS or (k2q_idx is not None and k2q_idx.numel() > MAX_ROWS):
+        return False, f"exceeds the launch limits: B*H*S and the k2q list size must be <= {MAX_ROWS}"
+    return True, ""
+
+
+def sm100_bwd64_support(q, k, v, out, dout, lse, k2q_idx, k2q_num, kv_block_sizes) -> Tuple[bool, str]:
+    """``(True, "")`` iff :func:`sm100_block_sparse_bwd64` can run these tensors here, else ``(False,
+    reason)``. Seed 000's predicate and binding checks; static facts only (never reads values)."""
+    ok, reason = _check_activations(q, k, v, out, dout)
+    if not ok:
+        return ok, reason
+    cap = _capability(q)
+    if cap not in MAIN_CAPABILITIES:
+        return False, f"needs a compute capability 10.0 GPU (sm_100a), got {cap}"
+    ok, reason = _check_meta(q, lse, k2q_idx, k2q_num, kv_block_sizes)
+    if not ok:
+        return ok, reason
+    if not _cute_dsl_importable():
+        return False, "the CuTe DSL (nvidia-cutlass-dsl, cuda-bindings) is not installed"
+    if not main_kernel_available(MAIN_CAPABILITIES[cap]):
+        return False, "the tcgen05 main kernel (block_sparse_bwd64_sm100) is not available yet"
+    return True, ""
+
+
+def sm100_bwd64_common_support(out, dout, lse, k2q_num, kv_block_sizes) -> Tuple[bool, str]:
+    """The predicate of :func:`sm100_bwd64_common_stages`: the arch-independent stages run on
+    sm_90, sm_100 and sm_103 (``COMMON_CAPABILITIES``)."""
+    ok, reason = _check_activations(out, out, out, out, dout)
+    if not ok:
+        return ok, reason
+    cap = _capability(out)
+    if cap not in COMMON_CAPABILITIES:
+        return False, f"needs compute capability 9.0, 10.0 or 10.3, got {cap}"
+    if not _cute_dsl_importable():
+        return False, "the CuTe DSL (nvidia-cutlass-dsl, cuda-bindings) is not installed"
+    return _check_meta(out, lse, None, k2q_num, kv_block_sizes)
+
+
+@functools.lru_cache(maxsize=None)
+def compiled_stage(stage: str, arch: str):
+    """A stage ("preprocess", "postprocess") compiled (TVM-FFI) for ``arch``, once per process."""
+    from fastvideo_cute.kernels.cute.block_sparse_bwd64 import stage_class
+
+    return stage_class(stage)().compile(arch)
+
+
+def _common_arch(t: torch.Tensor) -> str:
+    return COMMON_CAPABILITIES[torch.cuda.get_device_capability(t.device)]
+
+
+def sm100_bwd64_common_stages(
+    out: torch.Tensor,
+    dout: torch.Tensor,
+    lse: torch.Tensor,
+    k2q_num: torch.Tensor,
+    kv_block_sizes: torch.Tensor,
+    dk: Optional[torch.Tensor] = None,
+    dv: Optional[torch.Tensor] = None,
+) -> Dict[str, torch.Tensor]:
+    """Stage 1 (preprocess) and stage 2 (work order) of the chain.
+
+    Returns ``delta`` and ``lse2`` (fp32 ``[B, H, S]``), ``dq_accum`` (fp32 ``[B, H, S, 128]``, all
+    zero), ``dk`` and ``dv`` (bf16, ``empty_like(out)`` unless given: the rows of kv blocks with
+    ``k2q_num == 0`` are exactly 0, the others untouched, the main kernel's to write) and ``order``
+    (int32 ``[B*H*nb]`` or None for the identity order)."""
+    ok, reason = sm100_bwd64_common_support(out, dout, lse, k2q_num, kv_block_sizes)
+    if not ok:
+        raise ValueError(f"sm100_bwd64_common_stages: {reason}")
+    dk = torch.empty_like(out) if dk is None else dk
+    dv = torch.empty_like(out) if dv is None else dv
+    for name, t in (("dk", dk), ("dv", dv)):
+        if t.shape != out.shape or t.dtype != out.dtype or not t.is_contiguous() or t.data_ptr() % 16:
+            raise ValueError(f"sm100_bwd64_common_stages: {name} must be a contiguous, aligned bf16 tensor of out's shape")
+    delta = torch.empty(lse.shape, dtype=torch.float32, device=out.device)
+    lse2 = torch.empty_like(delta)
+    dq_accum = torch.empty(out.shape, dtype=torch.float32, device=out.device)
+    num = k2q_num.to(torch.int32).reshape(-1).contiguous()
+    if out.numel():
+        fn = compiled_stage("preprocess", _common_arch(out))
+        with torch.cuda.device(out.device):
+            fn(out.view(-1, HEAD_DIM), dout.view(-1, HEAD_DIM), lse.view(-1), delta.view(-1), lse2.view(-1),
+               dq_accum.view(-1, HEAD_DIM), dk.view(-1, HEAD_DIM), dv.view(-1, HEAD_DIM), num)
+    return {"delta": delta, "lse2": lse2, "dq_accum": dq_accum, "dk": dk, "dv": dv,
+            "order": work_order(k2q_num, kv_block_sizes.numel())}
+
+
+def sm100_bwd64_postprocess(dq_accum: torch.Tensor, lse: torch.Tensor, sm_scale: float,
+                            dq: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Stage 4: ``dq = bf16(dq_accum * sm_scale)``; rows with ``lse == -inf`` exactly 0."""
+    if dq_accum.dtype != torch.float32 or not dq_accum.is_contiguous() or dq_accum.shape[-1] != HEAD_DIM:
+        raise ValueError("sm100_bwd64_postprocess: dq_accum must be a contiguous float32 [..., 128] tensor")
+    if tuple(lse.shape) != tuple(dq_accum.shape[:-1]) or lse.dtype != torch.float32 or not lse.is_contiguous():
+        raise ValueError("sm100_bwd64_postprocess: lse must be a contiguous float32 tensor of dq_accum's rows")
+    if lse.numel() % BLOCK:
+        raise ValueError(f"sm100_bwd64_postprocess: the row count must be a multiple of {BLOCK}")
+    if not dq_accum.is_cuda or _capability(dq_accum) not in COMMON_CAPABILITIES:
+        raise ValueError("sm100_bwd64_postprocess: needs a CUDA tensor on an sm_90/sm_100/sm_103 GPU")
+    if dq is None:
+        dq = torch.empty(dq_accum.shape, dtype=torch.bfloat16, device=dq_accum.device)
+    if dq_accum.numel():
+        fn = compiled_stage("postprocess", _common_arch(dq_accum))
+        with torch.cuda.device(dq_accum.device):
+            fn(dq_accum.view(-1, HEAD_DIM), lse.view(-1), dq.view(-1, HEAD_DIM), float(sm_scale))
+    return dq
+
+
+def work_order(k2q_num: torch.Tensor, num_kv_blocks: int) -> Optional[torch.Tensor]:
+    """Stage 2: the order the main kernel's CTAs take the ``B*H*nb`` kv items in.
+
+    ``None`` (the identity, item = CTA) below ``ORDER_MIN_KV_BLOCKS`` kv blocks per sequence, where
+    seed 000 measured the order's own cost to outweigh its gain. From there on, length bins: the
+    items' k2q counts fall into ``ORDER_NUM_BINS`` equal-width bins over ``[0, max count]``, the
+    longest bin first (the long lists start early, the short ones fill the tail), the identity
+    order kept inside a bin (neighbouring kv blocks, whose q lists overlap, stay together for L2).
+    Computed on the device, no host synchronization; int32 ``[B*H*nb]``, a permutation."""
+    if num_kv_blocks < ORDER_MIN_KV_BLOCKS:
+        return None
+    counts = k2q_num.reshape(-1).to(torch.int32)
+    top = counts.max().clamp(min=1)
+    width = (top + ORDER_NUM_BINS - 1) // ORDER_NUM_BINS
+    bins = torch.div(counts, width, rounding_mode="floor")
+    return torch.sort(bins, descending=True, stable=True).indices.to(torch.int32)
+
+
+def emulate_main(q, k, v, dout, lse2, delta, k2q_idx, k2q_num, kv_block_sizes, sm_scale: float):
+    """A torch model of the main kernel's math, the spec the tcgen05 kernel is held to.
+
+    Dense ``[B, H, S, S]`` (tests only). Per kv block ``j`` and q block ``i`` in ``j``'s k2q list:
+    ``S^T = K Q^T``, ``P^T = exp2(S^T * sm_scale * log2e - lse2)`` with keys at or past
+    ``kv_block_sizes[j]`` set to 0 by selection, ``dV += P^T dO``, ``dP^T = V dO^T`` (padded V rows
+    zeroed first), ``dS^T = P^T * (dP^T - delta)``, ``dK += dS^T Q`` (times ``sm_scale`` at the end),
+    ``dQ_accum += dS K`` (padded K rows zeroed: 0 * NaN would leak). Returns ``(dq_accum fp32, dk,
+    dv fp32)``; dk/dv rows of padded keys exactly 0."""
+    batch, heads, seq, _ = q.shape
+    nb = kv_block_sizes.numel()
+    dev = q.device
+    used = torch.arange(k2q_idx.shape[-1], device=dev) < k2q_num[..., None].to(torch.int64)
+    # Unused slots scatter into a spare trailing column, dropped afterwards.
+    target = torch.where(used, k2q_idx.to(torch.int64), torch.full((), nb, dtype=torch.int64, device=dev))
+    sel = torch.zeros((batch, heads, nb, nb + 1), dtype=torch.bool, device=dev)
+    sel.scatter_(-1, target, True)
+    sel = sel[..., :nb]  # [.., kv block, q block]
+    pos = torch.arange(BLOCK, device=dev)
+    kv_valid = (pos[None, :] < kv_block_sizes.to(dev).to(torch.int64)[:, None]).reshape(-1)  # [S]
+    mask_t = sel.repeat_interleave(BLOCK, dim=-2).repeat_interleave(BLOCK, dim=-1) & kv_valid[:, None]  # [kv tok, q tok]
+    kf = torch.where(kv_valid[:, None], k.float(), 0.0)
+    vf = torch.where(kv_valid[:, None], v.float(), 0.0)
+    qf, dof = q.float(), dout.float()
+    st = kf @ qf.transpose(-1, -2)
+    pt = torch.exp2(st * (sm_scale * LOG2E) - lse2[..., None, :])
+    pt = torch.where(mask_t, pt, 0.0)
+    dv = pt @ dof
+    dpt = vf @ dof.transpose(-1, -2)
+    dst = pt * (dpt - delta[..., None, :])
+    dk = (dst @ qf) * sm_scale
+    dq_accum = dst.transpose(-1, -2) @ kf
+    return dq_accum, dk, dv
+
+
+@functools.lru_cache(maxsize=None)
+def _warn_unverified() -> None:
+    warnings.warn(
+        "fastvideo_cute: the CuTe DSL sm_100a VSA backward runs by explicit opt-in and has not yet "
+        "passed its GPU tests on a compute-capability 10.x device", RuntimeWarning, stacklevel=3)
+
+
+def sm100_block_sparse_bwd64(q, k, v, out, dout, lse, k2q_idx, k2q_num, kv_block_sizes,
+                             sm_scale: Optional[float] = None, allow_unverified: Optional[bool] = None):
+    """The whole backward; returns ``(dq, dk, dv)`` bf16 in q's layout (see the module docstring).
+
+    Raises ``ValueError`` naming the reason when :func:`sm100_bwd64_support` refuses (today: always
+    on the missing main kernel), ``RuntimeError`` without the opt-in (``allow_unverified=True`` or
+    ``FASTVIDEO_CUTE_SM100_BWD=1``)."""
+    ok, reason = sm100_bwd64_support(q, k, v, out, dout, lse, k2q_idx, k2q_num, kv_block_sizes)
+    if not ok:
+        raise ValueError(f"sm100_block_sparse_bwd64: {reason}")
+    if allow_unverified is None:
+        allow_unverified = os.environ.get(OPT_IN_ENV, "") == "1"
+    if not allow_unverified:
+        raise RuntimeError(f"sm100_block_sparse_bwd64 is unverified on hardware: opt in with {OPT_IN_ENV}=1")
+    _warn_unverified()
+    raise NotImplementedError("the tcgen05 main kernel is not wired in yet")  # pragma: no cover

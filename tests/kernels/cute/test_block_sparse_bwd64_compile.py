@@ -1,0 +1,199 @@
+"""CPU checks of the CuTe DSL VSA backward, 64-token blocks (kernels/cute/block_sparse_bwd64).
+
+Cross-compiles the package's ``REGISTRY_ENTRIES`` in a subprocess (the CuTe DSL reads its artifact
+settings at import) through ``fastvideo_cute.compile_check.check_kernel``: the arch-independent
+stages for sm_90a, sm_100a and sm_103a (SIMT: 128-bit global accesses, no MMA), the tcgen05 main
+kernel, once it is in the package, for its archs (UTCHMMA and tensor-memory loads LDTM in the
+SASS). Registers and spills are printed (``pytest -s``) and spills must be 0. Also on CPU: the
+torch model of the main kernel's math (``emulate_main``) against the fp32 autograd reference, the
+work order, and the support predicates' refusals. About 15 s on a 2-core box.
+"""
+
+import json
+import math
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+pytest.importorskip("cutlass")
+
+from fastvideo_cute.adapters import cute_sm100_bwd as A  # noqa: E402
+from fastvideo_cute.metadata import index_to_map, invert_indices  # noqa: E402
+from fastvideo_cute.reference import block_sparse_attn_reference  # noqa: E402
+
+COMMON = ("block_sparse_bwd64_preprocess", "block_sparse_bwd64_postprocess")
+COMMON_ARCHS = ("sm_90a", "sm_100a", "sm_103a")
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory):
+    keep = tmp_path_factory.mktemp("bwd64_sass")
+    script = textwrap.dedent(
+        f"""
+        import json, os
+        os.environ.setdefault("CUTE_DSL_KEEP", "cubin")
+        from fastvideo_cute import compile_check
+        from fastvideo_cute.kernels.cute.block_sparse_bwd64 import REGISTRY_ENTRIES
+        results = []
+        for spec in REGISTRY_ENTRIES:
+            for arch in spec.archs:
+                ok, line = compile_check.check_kernel(spec, arch, {str(keep)!r})
+                print(line, flush=True)
+                results.append([spec.name, arch, ok, line])
+        print("JSON" + json.dumps(results))
+        """
+    )
+    env = dict(os.environ)
+    env.pop("CUTE_DSL_ARCH", None)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    print(proc.stdout)
+    (payload,) = [line for line in proc.stdout.splitlines() if line.startswith("JSON")]
+    return json.loads(payload[4:]), keep
+
+
+def test_every_entry_compiles_without_spills(compiled):
+    results, _ = compiled
+    names = {r[0] for r in results}
+    assert set(COMMON) <= names
+    for name, arch, ok, line in results:
+        assert ok, line
+        assert "spill=0B" in line, f"{name} spills on {arch}: {line}"
+    for name in COMMON:
+        assert {r[1] for r in results if r[0] == name} == set(COMMON_ARCHS)
+
+
+@pytest.mark.parametrize("arch", COMMON_ARCHS)
+@pytest.mark.parametrize("name", COMMON)
+def test_common_stages_sass(compiled, name, arch):
+    _, keep = compiled
+    sass = (keep / f"{name}.{arch}.sass").read_text()
+    assert f".target\t{arch}" in sass or f".target {arch}" in sass
+    assert "LDG.E.128" in sass  # vectorized fp32 / bf16 loads
+    for op in ("HMMA", "HGMMA", "UTCHMMA"):
+        assert op not in sass
+    if name.endswith("preprocess"):
+        assert "SHFL.BFLY" in sass and "STG.E.128" in sass
+
+
+def test_main_kernel_sass(compiled):
+    from fastvideo_cute.kernels.cute import block_sparse_bwd64 as pkg
+
+    if not pkg.MAIN_KERNEL_BY_ARCH:
+        pytest.skip("the tcgen05 main kernel is not in the package yet")
+    results, keep = compiled
+    mains = [r for r in results if r[0] not in COMMON]
+    assert mains
+    for name, arch, _, _ in mains:
+        sass = (keep / f"{name}.{arch}.sass").read_text()
+        assert "UTCHMMA" in sass and "LDTM" in sass and "UTMALDG" in sass
+
+
+def test_tables_agree():
+    from fastvideo_cute.kernels.cute import CuteKernelSpec
+    from fastvideo_cute.kernels.cute import block_sparse_bwd64 as pkg
+    from fastvideo_cute.kernels.cute.block_sparse_bwd64 import block_sparse_bwd64_common as mod
+
+    assert A.ORDER_MIN_KV_BLOCKS == pkg.ORDER_MIN_KV_BLOCKS == 1024
+    assert set(A.COMMON_CAPABILITIES.values()) == set(pkg.COMMON_ARCHS)
+    assert A.BLOCK == mod.BLOCK == 64 and A.HEAD_DIM == mod.HEAD_DIM == 128
+    assert A.MAX_ROWS == mod.MAX_ROWS
+    assert all(isinstance(s, CuteKernelSpec) for s in pkg.REGISTRY_ENTRIES)
+    assert pkg.stage_class("preprocess") is mod.BlockSparseBwd64Preprocess
+    assert A.main_kernel_available() == bool(pkg.MAIN_KERNEL_BY_ARCH)
+
+
+def _case(nb=6, topk=3, heads=2, batch=1, seed=0, nan_padding=True, excluded=(), empty_q=()):
+    gen = torch.Generator().manual_seed(seed)
+    S = nb * 64
+    q, k, v, do = (torch.randn(batch, heads, S, 128, generator=gen).bfloat16() for _ in range(4))
+    pool = [j for j in range(nb) if j not in excluded]
+    idx = torch.zeros(batch, heads, nb, topk, dtype=torch.int32)
+    for b in range(batch):
+        for h in range(heads):
+            for i in range(nb):
+                perm = torch.randperm(len(pool), generator=gen)[:topk]
+                idx[b, h, i] = torch.tensor(sorted(pool[p] for p in perm.tolist()), dtype=torch.int32)
+    num = torch.full((batch, heads, nb), topk, dtype=torch.int32)
+    for i in empty_q:
+        num[:, :, i] = 0
+    vbs = torch.randint(20, 65, (nb,), generator=gen, dtype=torch.int32)
+    if nan_padding:
+        pad = torch.arange(S) % 64 >= vbs.repeat_interleave(64)
+        k[..., pad, :] = float("nan")
+        v[..., pad, :] = float("inf")
+    return q, k, v, do, idx, num, vbs
+
+
+@pytest.mark.parametrize("topk,excluded,empty_q", [(3, (), (1,)), (1, (2,), ()), (5, (), ()), (2, (0, 3), (4,))])
+def test_emulated_main_matches_reference(topk, excluded, empty_q):
+    """The main kernel's math (lse2, delta from the bf16 output, select-masking, scaling) against
+    fp32 autograd, padded K/V holding NaN/Inf; seed 000's tolerances."""
+    nb = 6
+    q, k, v, do, idx, num, vbs = _case(nb=nb, topk=min(topk, nb - len(excluded)), excluded=excluded, empty_q=empty_q)
+    qf, kf, vf = (t.float().requires_grad_() for t in (q, k, v))
+    out, lse = block_sparse_attn_reference(qf, kf, vf, index_to_map(idx, num, nb), vbs)
+    (out * do.float()).sum().backward()
+    o = out.detach().bfloat16()
+    delta = (o.float() * do.float()).sum(-1)
+    lse2 = torch.where(lse == -math.inf, math.inf, lse * A.LOG2E)
+    kidx, knum = invert_indices(idx, num, nb)
+    scale = 128**-0.5
+    dq_accum, dk, dv = A.emulate_main(q, k, v, do, lse2, delta, kidx, knum, vbs, scale)
+    dq = torch.where((lse == -math.inf)[..., None], 0.0, dq_accum * scale)
+    for name, got, ref in (("dq", dq, qf.grad), ("dk", dk, kf.grad), ("dv", dv, vf.grad)):
+        assert torch.isfinite(got).all(), name
+        diff = (got.bfloat16().float() - ref).abs()
+        assert diff.max() / ref.abs().max() <= 1e-2 and diff.mean() <= 1e-3, name
+    pad = torch.arange(nb * 64) % 64 >= vbs.repeat_interleave(64)
+    assert (dk[..., pad, :] == 0).all() and (dv[..., pad, :] == 0).all()
+    for j in excluded:
+        assert (dk[..., j * 64:(j + 1) * 64, :] == 0).all() and (dv[..., j * 64:(j + 1) * 64, :] == 0).all()
+    if empty_q:
+        assert (lse == -math.inf).any() and (dq[(lse == -math.inf)] == 0).all()
+
+
+def test_work_order():
+    num = torch.randint(0, 40, (2, 3, 16), dtype=torch.int32)
+    assert A.work_order(num, 16) is None
+    nb = A.ORDER_MIN_KV_BLOCKS
+    num = torch.randint(0, 200, (1, 2, nb), dtype=torch.int32)
+    order = A.work_order(num, nb)
+    assert order.dtype == torch.int32 and order.shape == (2 * nb,)
+    assert torch.equal(order.sort().values, torch.arange(2 * nb, dtype=torch.int32))
+    flat = num.reshape(-1)
+    width = (int(flat.max()) + A.ORDER_NUM_BINS - 1) // A.ORDER_NUM_BINS
+    bins = flat[order.long()] // width
+    assert (bins[:-1] >= bins[1:]).all()  # longest bin first
+    for b in bins.unique():
+        members = order[bins == b]
+        assert (members[:-1] < members[1:]).all()  # identity order inside a bin
+
+
+def test_support_refuses_on_cpu_and_bad_shapes():
+    q = torch.zeros((1, 2, 256, 128), dtype=torch.bfloat16)
+    lse = torch.zeros((1, 2, 256))
+    idx = torch.zeros((1, 2, 4, 4), dtype=torch.int32)
+    num = torch.zeros((1, 2, 4), dtype=torch.int32)
+    vbs = torch.full((4,), 64, dtype=torch.int32)
+    ok, reason = A.sm100_bwd64_support(q, q, q, q, q, lse, idx, num, vbs)
+    assert not ok and "CUDA" in reason
+    ok, reason = A.sm100_bwd64_common_support(q, q, lse, num, vbs)
+    assert not ok and "CUDA" in reason
+    with pytest.raises(ValueError, match="CUDA"):
+        A.sm100_block_sparse_bwd64(q, q, q, q, q, lse, idx, num, vbs)
+    with pytest.raises(ValueError, match="CUDA"):
+        A.sm100_bwd64_common_stages(q, q, lse, num, vbs)
+    # the metadata checks (device-independent part)
+    assert A._check_meta(q, lse, idx, num, vbs) == (True, "")
+    assert "even" in A._check_meta(q[:, :, :192].contiguous(), lse[..., :192].contiguous(), idx[:, :, :3], num[..., :3],
+                                   vbs[:3])[1]
+    assert "seqlen" in A._check_meta(q, lse, idx[:, :, :2], num[..., :2], vbs[:2])[1]
+    assert "lse" in A._check_meta(q, lse.double(), idx, num, vbs)[1]
+    assert "k2q_idx" in A._check_meta(q, lse, idx[..., :0], num, vbs)[1]
+    assert "k2q_num" in A._check_meta(q, lse, idx, num[..., :2], vbs)[1]
+    assert "integer" in A._check_meta(q, lse, idx.float(), num, vbs)[1]
