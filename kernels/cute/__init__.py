@@ -41,6 +41,13 @@ def _block_sparse_fwd128(variant: str):
     return build
 
 
+def _block_sparse_fwd64_sm100():
+    from .block_sparse_fwd64 import kernel_class
+
+    kernel = kernel_class(100)()
+    return kernel, kernel.fake_args()
+
+
 REGISTRY: Tuple[CuteKernelSpec, ...] = (
     CuteKernelSpec(
         name="block_sparse_fwd128_sm120",
@@ -57,6 +64,15 @@ REGISTRY: Tuple[CuteKernelSpec, ...] = (
         expect=("HMMA.16816", "UTMALDG"),
         forbid=("HGMMA", "UTCHMMA"),
         notes="the same, QK and PV warp groups overlapping through shared memory (experimental)",
+    ),
+    CuteKernelSpec(
+        name="block_sparse_fwd64_sm100",
+        archs=("sm_100a", "sm_103a"),
+        build=_block_sparse_fwd64_sm100,
+        expect=("UTCHMMA", "LDTM", "UTMALDG"),
+        forbid=("HMMA", "HGMMA"),
+        notes="VSA forward + LSE, 64-token blocks: tcgen05 MMA (M=128, rows 64-127 discarded), S and "
+              "O_j in TMEM, TMA K/V ring (UNVERIFIED on hardware)",
     ),
 )
 
