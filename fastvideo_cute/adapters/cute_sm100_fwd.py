@@ -1,0 +1,221 @@
+"""Torch adapter for our CuTe DSL tcgen05 block-sparse forward, 64-token blocks (sm_100).
+
+The kernel (``kernels/cute/block_sparse_fwd64``) is the data-center Blackwell (sm_100a; its
+source also builds for sm_103a) VSA forward for FastVideo's default 64-token tiles, which FA4's
+block sparsity does not serve there. It returns the output and the LSE the backward consumes.
+
+UNVERIFIED ON HARDWARE: it is compiled and its SASS checked on the CPU box; the parity tests
+(tests/kernels/cute/test_block_sparse_fwd64_gpu.py) run on a compute-capability 10.x GPU only.
+Until they have passed there, the router does not use it; calling it warns once.
+
+Contract of :func:`sm100_block_sparse_fwd64` (the library's LSE contract):
+  - q, k, v: ``[B, H, S, 128]`` bf16, contiguous (BHSD), ``S = T * 64``, one CUDA device;
+  - q2k_idx ``[B, H, T, max_kv]`` and q2k_num ``[B, H, T]`` integer (``map_to_index`` layout:
+    the first ``num`` entries of a row are its kv blocks; entries past the count are never read;
+    counts are clamped to ``[0, max_kv]``; indices outside ``[0, T)`` count as empty blocks);
+    kv_block_sizes ``[T]`` integer (clamped to ``[0, 64]``): keys at or past it are masked;
+  - returns ``(out [B, H, S, 128] bf16, lse [B, H, S] fp32)``, LSE in natural log, scale
+    ``128 ** -0.5``; every element of both is written. A row with no valid key is exactly 0 with
+    LSE ``-inf``; padding K/V holding NaN/Inf never reach a row; a NaN in a query row gives a NaN
+    output row and a NaN LSE. Query rows past their block's size are computed like any other
+    (as in ``fastvideo_cute.reference``).
+
+The launch limits (grid y, int32 TMA rows, int32 list offsets) are checked by
+:func:`sm100_fwd64_support` before any launch, and mirror the kernel module's ``MAX_*``.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import warnings
+from typing import Optional, Tuple
+
+import torch
+
+__all__ = [
+    "BLOCK",
+    "HEAD_DIM",
+    "MAX_BATCH_HEADS",
+    "MAX_ROWS",
+    "MAX_INDEX_ELEMS",
+    "SUPPORTED_CAPABILITIES",
+    "VERIFIED_ON_HARDWARE",
+    "sm100_fwd64_arch",
+    "sm100_fwd64_within_launch_limits",
+    "sm100_fwd64_support",
+    "sm100_block_sparse_fwd64",
+    "compiled_kernel",
+]
+
+BLOCK = 64
+HEAD_DIM = 128
+# Mirrors of kernels/cute/block_sparse_fwd64/block_sparse_fwd64_sm100.py's launch limits
+# (tests/kernels/cute/test_block_sparse_fwd64_compile.py checks that they agree).
+MAX_BATCH_HEADS = 65535  # grid y
+MAX_ROWS = 2**31 - 1 - 128  # B * H * S (+ the discarded half of the last 128-row Q tile)
+MAX_INDEX_ELEMS = 2**31 - 1  # B * H * T * max_kv: int32 offsets into q2k_idx
+
+# compute capability -> the arch string the kernel is compiled for
+SUPPORTED_CAPABILITIES = {(10, 0): "sm_100a", (10, 3): "sm_103a"}
+
+#: Set to True (with the run recorded) once tests/kernels/cute/test_block_sparse_fwd64_gpu.py
+#: has passed on a compute-capability 10.x GPU.
+VERIFIED_ON_HARDWARE = False
+
+_INT_DTYPES = (torch.int32, torch.int64, torch.int16, torch.uint8)
+
+
+def sm100_fwd64_arch(device: torch.device) -> Optional[str]:
+    """The kernel's target arch for this device ("sm_100a", "sm_103a"), else None."""
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return None
+    return SUPPORTED_CAPABILITIES.get(torch.cuda.get_device_capability(device))
+
+
+def sm100_fwd64_within_launch_limits(batch: int, heads: int, seq: int, num_blocks: int, max_kv: int) -> bool:
+    """True iff one launch covers the call (the size-dependent part of the support predicate)."""
+    batch_heads = batch * heads
+    return (
+        batch_heads <= MAX_BATCH_HEADS
+        and batch_heads * seq <= MAX_ROWS
+        and batch_heads * num_blocks * max(max_kv, 1) <= MAX_INDEX_ELEMS
+    )
+
+
+@functools.lru_cache(maxsize=None)
+def _cute_dsl_importable() -> bool:
+    return importlib.util.find_spec("cutlass") is not None and importlib.util.find_spec("cuda") is not None
+
+
+def sm100_fwd64_support(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q2k_idx: torch.Tensor,
+    q2k_num: torch.Tensor,
+    kv_block_sizes: torch.Tensor,
+) -> Tuple[bool, str]:
+    """``(True, "")`` iff :func:`sm100_block_sparse_fwd64` can run these tensors here, else
+    ``(False, reason)``. Static facts only (device, dtypes, shapes, layout, launch limits): it
+    never reads tensor values, so it never synchronizes with the GPU."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            return False, f"{name} is not a tensor"
+        if not t.is_cuda:
+            return False, f"{name} is not a CUDA tensor"
+        if t.dtype != torch.bfloat16:
+            return False, f"{name} must be bfloat16, got {t.dtype}"
+        if t.dim() != 4:
+            return False, f"{name} must be [B, H, S, {HEAD_DIM}], got {tuple(t.shape)}"
+        if not t.is_contiguous():
+            return False, f"{name} must be contiguous (BHSD)"
+        if t.data_ptr() % 16 != 0:
+            return False, f"{name} must be 16-byte aligned (TMA)"
+        if t.device != q.device:
+            return False, f"{name} is on {t.device}, q on {q.device}"
+    if k.shape != q.shape or v.shape != q.shape:
+        return False, f"q, k, v must have one shape, got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
+    batch, heads, seq, dim = q.shape
+    if dim != HEAD_DIM:
+        return False, f"head_dim must be {HEAD_DIM}, got {dim}"
+    arch = sm100_fwd64_arch(q.device)
+    if arch is None:
+        return False, (f"needs sm_100 or sm_103 (compute capability 10.0/10.3), got "
+                       f"{torch.cuda.get_device_capability(q.device) if q.is_cuda else None}")
+    if not _cute_dsl_importable():
+        return False, "the CuTe DSL (nvidia-cutlass-dsl, cuda-bindings) is not installed"
+    for name, t in (("q2k_idx", q2k_idx), ("q2k_num", q2k_num), ("kv_block_sizes", kv_block_sizes)):
+        if not isinstance(t, torch.Tensor) or t.dtype not in _INT_DTYPES:
+            return False, f"{name} must be an integer tensor"
+        if t.device != q.device:
+            return False, f"{name} is on {t.device}, q on {q.device}"
+    if kv_block_sizes.dim() != 1:
+        return False, f"kv_block_sizes must be [T], got {tuple(kv_block_sizes.shape)}"
+    blocks = kv_block_sizes.numel()
+    if blocks == 0 or seq != blocks * BLOCK:
+        return False, f"seqlen {seq} must equal num_blocks ({blocks}) * {BLOCK}"
+    if q2k_idx.dim() != 4 or tuple(q2k_idx.shape[:3]) != (batch, heads, blocks):
+        return False, f"q2k_idx must be [{batch}, {heads}, {blocks}, max_kv], got {tuple(q2k_idx.shape)}"
+    if tuple(q2k_num.shape) != (batch, heads, blocks):
+        return False, f"q2k_num must be [{batch}, {heads}, {blocks}], got {tuple(q2k_num.shape)}"
+    if not sm100_fwd64_within_launch_limits(batch, heads, seq, blocks, q2k_idx.shape[3]):
+        return False, (f"exceeds the launch limits: batch*heads <= {MAX_BATCH_HEADS}, batch*heads*seqlen <= "
+                       f"{MAX_ROWS}, batch*heads*num_blocks*max_kv <= {MAX_INDEX_ELEMS}")
+    return True, ""
+
+
+@functools.lru_cache(maxsize=None)
+def compiled_kernel(arch: str):
+    """The kernel compiled (TVM-FFI) for ``arch``, once per process. Shapes are dynamic, so the
+    key is the arch only (dtype bf16, head_dim 128 and 64-token blocks are fixed)."""
+    from fastvideo_cute.kernels.cute.block_sparse_fwd64 import kernel_class
+
+    return kernel_class(100)().compile(arch)
+
+
+@functools.lru_cache(maxsize=None)
+def _warn_unverified() -> None:
+    warnings.warn(
+        "fastvideo_cute: the sm_100 CuTe DSL 64-token block-sparse forward is UNVERIFIED on hardware "
+        "(compiled and SASS-checked only); run tests/kernels/cute/test_block_sparse_fwd64_gpu.py on a "
+        "B200 before relying on it",
+        RuntimeWarning,
+        stacklevel=3,
+    )
+
+
+def sm100_block_sparse_fwd64(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q2k_idx: torch.Tensor,
+    q2k_num: torch.Tensor,
+    kv_block_sizes: torch.Tensor,
+    out: Optional[torch.Tensor] = None,
+    lse: Optional[torch.Tensor] = None,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Block-sparse attention forward, 64-token blocks, with LSE (see the module docstring).
+    Returns ``(out [B, H, S, 128] bf16, lse [B, H, S] fp32)`` (allocated if None; every element
+    is written). Raises ``ValueError`` naming the reason when :func:`sm100_fwd64_support`
+    refuses."""
+    ok, reason = sm100_fwd64_support(q, k, v, q2k_idx, q2k_num, kv_block_sizes)
+    if not ok:
+        raise ValueError(f"sm100_block_sparse_fwd64: {reason}")
+    if not VERIFIED_ON_HARDWARE:
+        _warn_unverified()
+    batch, heads, seq, _ = q.shape
+    if out is None:
+        out = torch.empty_like(q)
+    elif (out.shape != q.shape or out.dtype != q.dtype or out.device != q.device or not out.is_contiguous()
+          or out.data_ptr() % 16 != 0):
+        raise ValueError("sm100_block_sparse_fwd64: out must be a contiguous, 16-byte aligned bf16 tensor of q's shape")
+    if lse is None:
+        lse = torch.empty((batch, heads, seq), dtype=torch.float32, device=q.device)
+    elif (tuple(lse.shape) != (batch, heads, seq) or lse.dtype != torch.float32 or lse.device != q.device
+          or not lse.is_contiguous()):
+        raise ValueError("sm100_block_sparse_fwd64: lse must be a contiguous fp32 tensor [B, H, S]")
+    if q.numel() == 0:
+        return out, lse
+    blocks = kv_block_sizes.numel()
+    rows = batch * heads * blocks
+    idx = q2k_idx.to(torch.int32).reshape(rows, q2k_idx.shape[3])
+    num = q2k_num.to(torch.int32).reshape(rows)
+    if idx.shape[1] == 0:  # nothing can be selected: a one-column list the kernel never reads
+        idx = torch.zeros((rows, 1), dtype=torch.int32, device=q.device)
+        num = torch.zeros((rows,), dtype=torch.int32, device=q.device)
+    idx, num = idx.contiguous(), num.contiguous()
+    vbs = kv_block_sizes.to(torch.int32).contiguous()
+    fn = compiled_kernel(sm100_fwd64_arch(q.device))
+    with torch.cuda.device(q.device):
+        fn(
+            q.detach().view(-1, HEAD_DIM),
+            k.detach().view(-1, HEAD_DIM),
+            v.detach().view(-1, HEAD_DIM),
+            out.detach().view(-1, HEAD_DIM),
+            lse.detach().view(-1),
+            idx,
+            num,
+            vbs,
+        )
+    return out, lse
