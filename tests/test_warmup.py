@@ -273,7 +273,7 @@ def test_cute_kernel_cache_key(monkeypatch):
     assert base != k("block_sparse_fwd128_sm120", "sm_121a", {"dtype": "fp16", "block": 128})
     fields = warmup.CuteKernelCache.key_fields("x", "sm_90a")
     assert set(fields) >= {"fastvideo-cute", "sources", "nvidia-cutlass-dsl", "apache-tvm-ffi", "python"}
-    monkeypatch.setattr(warmup, "library_version", lambda: "9.9.9")
+    monkeypatch.setattr(warmup.cache, "library_version", lambda: "9.9.9")  # looked up in warmup/cache.py
     assert base != k("block_sparse_fwd128_sm120", "sm_121a", {"dtype": "bf16", "block": 128})
     assert "fastvideo-cute-9.9.9" in str(warmup.cache_paths("/x").own)
 
