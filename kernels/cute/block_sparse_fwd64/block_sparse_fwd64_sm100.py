@@ -352,11 +352,18 @@ class BlockSparseFwd64Sm100:
         acc_O.fill(0.0)
         rS = cute.make_rmem_tensor(tScS_t2r.shape, Float32)
         rP = cute.make_rmem_tensor(tScS_t2r.shape, self.dtype)
-        rOj = cute.make_rmem_tensor(tOcO_t2r.shape, Float32)
+        rOj = cute.make_rmem_tensor(tOcO_t2r[None, None, 0].shape, Float32)  # one 32-column chunk
         row_max = -Float32.inf
         row_sum = Float32(0.0)
         scale_log2 = Float32(self.softmax_scale_log2)
         row = tScS_t2r[0][0]
+        # P's buffer viewed as (rows, keys): the UMMA layout ((128, 16), 1, 4) : ((64, 1), 0, 16)
+        # is offset m * 64 + k under the same swizzle, so rows are 64 contiguous (swizzled) keys.
+        # The 32x32b load gives this thread the keys of its row in order (tScS_t2r: (row, i)).
+        sP_mk = cute.make_tensor(sP.iterator, cute.make_layout((MMA_M, BLOCK), stride=(BLOCK, 1)))
+        sP_row_chunks = cute.logical_divide(sP_mk[row, None], cute.make_layout(8))  # ((8), 8)
+        rP_chunks = cute.logical_divide(rP, cute.make_layout(8))
+        p_store_atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=128)
 
         it = Int32(0)
         for e in cutlass.range(count, unroll=1):
@@ -384,10 +391,9 @@ class BlockSparseFwd64Sm100:
                 alpha = cute.math.exp2((prev_max - safe_max) * scale_log2, fastmath=True)
                 row_sum = row_sum * alpha + p.reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
                 rP.store(p.to(self.dtype))
-                # ---- P -> shared memory, UMMA K-major layout ((M, K16), 1, K / 16, 1)
-                for i in cutlass.range_constexpr(cute.size(rP)):
-                    col = tScS_t2r[i][1]
-                    sP[((row, col % 16), 0, col // 16, 0)] = rP[i]
+                # ---- P -> shared memory (UMMA K-major, 128-byte swizzle), 16 bytes at a time
+                for j in cutlass.range_constexpr(BLOCK // 8):
+                    cute.copy(p_store_atom, rP_chunks[None, j], sP_row_chunks[None, j])
                 # ---- V rows of padding keys -> 0 (P is 0 there, but 0 * NaN is NaN)
                 if valid < BLOCK:
                     cute.arch.mbarrier_wait(mbar_kv + stage, phase)
@@ -401,9 +407,11 @@ class BlockSparseFwd64Sm100:
                 # ---- O = O * alpha + P V
                 cute.arch.mbarrier_wait(mbar_o, it % 2)
                 _tcgen05_fence("after")
-                cute.copy(thr_o_load, tOtO_t2r, rOj)
-                cute.arch.fence_view_async_tmem_load()
-                acc_O.store(acc_O.load() * alpha + rOj.load())
+                for c in cutlass.range_constexpr(cute.size(tOtO_t2r, mode=[2])):
+                    cute.copy(thr_o_load, tOtO_t2r[None, None, c], rOj)
+                    cute.arch.fence_view_async_tmem_load()
+                    acc_c = acc_O[None, None, c]
+                    acc_c.store(acc_c.load() * alpha + rOj.load())
                 it = it + 1
 
         # ---- epilogue: normalise; rows without a valid key are 0 with LSE -inf
