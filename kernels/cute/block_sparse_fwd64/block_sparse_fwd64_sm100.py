@@ -29,7 +29,9 @@ How (correctness first; the simplest exact tcgen05 structure):
     their row (tcgen05.ld 32x32b), mask, do the online softmax in registers, write P (bf16) to
     shared memory in the UMMA K-major layout; O_j = P V (tcgen05.mma, 128 x 128 x 64) into TMEM
     columns 128-255, loaded back and accumulated as ``O = O * alpha + O_j`` in registers;
-  - the epilogue normalises and writes O (bf16) and the LSE (fp32) from registers.
+  - the epilogue normalises and writes O (bf16) and the LSE (fp32) from registers;
+  - the masking and softmax/LSE math is ``softmax_math.py``: arch-independent code that also
+    builds for sm_90a, where its probe kernel runs (so that part is testable on an H200).
 
 Shared memory: Q 32 KB + K 2 x 16 KB + V 2 x 16 KB + P 16 KB + barriers = 112 KB + 128 B
 (two CTAs per SM); TMEM: 256 columns (two CTAs per SM).
@@ -47,6 +49,8 @@ import cutlass.utils.blackwell_helpers as sm100_utils
 from cutlass import Float32, Int32, const_expr
 from cutlass._mlir.dialects import llvm
 from cutlass.cute.nvgpu import cpasync, tcgen05
+
+from .softmax_math import finalize_row, mask_keys, online_softmax_update
 
 BLOCK = 64
 HEAD_DIM = 128
@@ -377,19 +381,9 @@ class BlockSparseFwd64Sm100:
                 cute.copy(thr_s_load, tStS_t2r, rS)
                 cute.arch.fence_view_async_tmem_load()
                 if valid < BLOCK:
-                    for i in cutlass.range_constexpr(cute.size(rS)):
-                        if tScS_t2r[i][1] >= valid:
-                            rS[i] = -Float32.inf
-                # ---- online softmax: one row per thread, no shuffles
-                srow = rS.load()
-                cur_max = srow.reduce(cute.ReductionOp.MAX, row_max, 0)
-                prev_max = row_max
-                row_max = cur_max
-                # A row whose scores are all -inf (or NaN) so far: exponents relative to 0.
-                safe_max = Float32(0.0) if cur_max == -Float32.inf else cur_max
-                p = cute.math.exp2(srow * scale_log2 - safe_max * scale_log2, fastmath=True)
-                alpha = cute.math.exp2((prev_max - safe_max) * scale_log2, fastmath=True)
-                row_sum = row_sum * alpha + p.reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
+                    mask_keys(rS, tScS_t2r, valid)
+                # ---- online softmax: one row per thread, no shuffles (softmax_math.py)
+                p, row_max, row_sum, alpha = online_softmax_update(rS.load(), row_max, row_sum, scale_log2)
                 rP.store(p.to(self.dtype))
                 # ---- P -> shared memory (UMMA K-major, 128-byte swizzle), 16 bytes at a time
                 for j in cutlass.range_constexpr(BLOCK // 8):
@@ -415,12 +409,7 @@ class BlockSparseFwd64Sm100:
                 it = it + 1
 
         # ---- epilogue: normalise; rows without a valid key are 0 with LSE -inf
-        empty = row_sum == Float32(0.0)  # a NaN sum (NaN query row) is kept: NaN out, NaN LSE
-        inv = Float32(1.0) / (Float32(1.0) if empty else row_sum)
-        safe_max = Float32(0.0) if row_max == -Float32.inf else row_max
-        lse = (safe_max * scale_log2 + cute.math.log2(row_sum, fastmath=False)) * Float32(math.log(2.0))
-        if empty:
-            lse = -Float32.inf
+        inv, lse, empty = finalize_row(row_max, row_sum, scale_log2)
         grow = query * BLOCK + row
         mLSE[grow] = lse
         for i in cutlass.range_constexpr(cute.size(acc_O)):

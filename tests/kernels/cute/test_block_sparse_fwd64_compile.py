@@ -99,3 +99,18 @@ def test_support_refuses_without_sm100():
             adapter.sm100_block_sparse_fwd64(q, q, q, idx, num, vbs)
         else:
             raise ValueError("supported here; nothing to refuse")
+
+
+def test_softmax_math_builds_for_sm90a_and_sm100a():
+    """The kernel's masking/softmax/LSE code (softmax_math.py) is arch-independent: its probe
+    kernel compiles for sm_90a (where tests/kernels/cute/test_block_sparse_fwd64_gpu.py runs it
+    on an H200) as well as sm_100a."""
+    script = (
+        "from fastvideo_cute.kernels.cute.block_sparse_fwd64.softmax_math import SoftmaxRowProbe\n"
+        "for arch in ('sm_90a', 'sm_100a'):\n"
+        "    SoftmaxRowProbe().compile(arch, tvm_ffi=False)\n"
+        "    print(arch, 'OK')\n"
+    )
+    proc = _run(["-c", script])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "sm_90a OK" in proc.stdout and "sm_100a OK" in proc.stdout

@@ -9,7 +9,10 @@ row (NaN out and LSE, other rows intact), and 65,536 tokens (sampled query block
 per-block fp32 reference). So that a missed store cannot hide behind a recycled buffer, each call
 first leaves a NaN block of the outputs' sizes in the caching allocator.
 
-Runs only on a compute-capability 10.x GPU (B200/GB200: sm_100; B300: sm_103); skipped elsewhere.
+The kernel tests run only on a compute-capability 10.x GPU (B200/GB200: sm_100; B300: sm_103);
+skipped elsewhere. The ``test_softmax_math_probe_*`` tests run the kernel's arch-independent
+masking/softmax/LSE code (``softmax_math.py``) through its probe kernel on any CUDA GPU (sm_90
+included), so that part is verifiable on an H200.
 Run: ``python -m pytest -q -m gpu tests/kernels/cute/test_block_sparse_fwd64_gpu.py``
 (on a first run, wrap it in ``timeout -s KILL 600``: a protocol bug shows as a hang).
 """
@@ -36,10 +39,11 @@ def _runnable() -> bool:
     return sm100._cute_dsl_importable()
 
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not _runnable(), reason="needs a compute-capability 10.x GPU (sm_100/sm_103) and the CuTe DSL"),
-]
+pytestmark = [pytest.mark.gpu]
+needs_sm100 = pytest.mark.skipif(not _runnable(),
+                                 reason="needs a compute-capability 10.x GPU (sm_100/sm_103) and the CuTe DSL")
+needs_cuda = pytest.mark.skipif(not (torch.cuda.is_available() and sm100._cute_dsl_importable()),
+                                reason="needs a CUDA GPU and the CuTe DSL")
 
 
 @pytest.fixture(autouse=True)
@@ -113,6 +117,7 @@ def make_case(num_blocks=8, topk=4, heads=2, batch=1, ragged=False, counts=None,
     return q, k, v, idx.view(batch, heads, num_blocks, num_blocks), num.view(batch, heads, num_blocks), vbs
 
 
+@needs_sm100
 @pytest.mark.parametrize(
     "num_blocks,counts,sizes",
     [(1, [0], [64]), (1, [1], [64]), (1, [1], [30]), (1, [1], [0]), (2, [2, 2], [64, 64]),
@@ -129,6 +134,7 @@ def test_tiny_cases_first(num_blocks, counts, sizes):
     assert_matches(out, lse, *reference(q, k, v, idx, num, vbs))
 
 
+@needs_sm100
 @pytest.mark.parametrize("ragged", [False, True])
 @pytest.mark.parametrize("topk", [1, 3, 8])
 def test_matches_reference_and_triton(ragged, topk):
@@ -140,6 +146,7 @@ def test_matches_reference_and_triton(ragged, topk):
     assert_matches(out, lse, tri_out.float(), tri_lse)
 
 
+@needs_sm100
 def test_zero_count_rows_and_empty_blocks():
     case = make_case(num_blocks=10, heads=2, ragged=True, counts=[0, 3, 0, 1, 10, 2], empty_blocks=(1, 4, 7), seed=3)
     out, lse = run(*case)
@@ -148,6 +155,7 @@ def test_zero_count_rows_and_empty_blocks():
     assert_matches(out, lse, ref_out, ref_lse)
 
 
+@needs_sm100
 @pytest.mark.parametrize("pad_value", [float("nan"), float("inf"), float("-inf")])
 def test_padding_nan_inf_does_not_leak(pad_value):
     case = make_case(num_blocks=8, topk=5, heads=2, ragged=True, seed=5, pad_value=pad_value)
@@ -157,6 +165,7 @@ def test_padding_nan_inf_does_not_leak(pad_value):
     assert_matches(out, lse, *reference(*case))
 
 
+@needs_sm100
 def test_nan_query_row_gives_nan_row_only():
     case = make_case(num_blocks=6, topk=3, heads=2, seed=7)
     q, k, v, idx, num, vbs = case
@@ -172,6 +181,7 @@ def test_nan_query_row_gives_nan_row_only():
     torch.testing.assert_close(lse[mask], ref_lse[mask], atol=2e-3, rtol=1e-4)
 
 
+@needs_sm100
 def test_65536_tokens_sampled_rows():
     """65,536 tokens (1,024 blocks), ragged sizes, 32 blocks per row; sampled query blocks
     against an fp32 reference over their selected keys, and the whole output against Triton."""
@@ -210,8 +220,72 @@ def test_65536_tokens_sampled_rows():
     assert_matches(out, lse, tri_out.float(), tri_lse)
 
 
+@needs_sm100
 def test_deterministic():
     case = make_case(num_blocks=16, topk=6, heads=2, ragged=True, seed=13)
     out1, lse1 = run(*case)
     out2, lse2 = run(*case)
     assert torch.equal(out1, out2) and torch.equal(lse1, lse2)
+
+
+# ---------------------------------------------------------------------------------------------
+# The arch-independent masking / online softmax / LSE code, through its probe kernel (any GPU).
+
+
+@pytest.fixture(scope="module")
+def probe():
+    from fastvideo_cute.kernels.cute.block_sparse_fwd64.softmax_math import SoftmaxRowProbe
+
+    major, minor = torch.cuda.get_device_capability()
+    return SoftmaxRowProbe(SCALE).compile(f"sm_{major}{minor}a")
+
+
+def _probe_reference(s, val, valid):
+    keys = torch.arange(BLOCK, device=s.device)
+    mask = (keys[None] < valid.clamp(0, BLOCK)[:, None].long()).reshape(-1)[None].expand_as(s)
+    logits = torch.where(mask, s.double() * SCALE, torch.full_like(s, float("-inf"), dtype=torch.float64))
+    lse = torch.logsumexp(logits, dim=-1)
+    has = mask.any(dim=-1)
+    probs = torch.softmax(torch.where(has[:, None], logits, torch.zeros_like(logits)), dim=-1)
+    out = (probs * torch.where(mask, val.double(), torch.zeros_like(val, dtype=torch.float64))).sum(-1)
+    out = torch.where(has, out, torch.zeros_like(out))
+    return out.float(), lse.float()
+
+
+@needs_cuda
+@pytest.mark.parametrize("pad_value", [float("nan"), float("inf"), float("-inf")])
+def test_softmax_math_probe_matches_torch(probe, pad_value):
+    gen = torch.Generator(device="cuda").manual_seed(21)
+    rows, blocks = 300, 7
+    s = torch.randn((rows, blocks * BLOCK), device="cuda", generator=gen) * 8
+    val = torch.randn((rows, blocks * BLOCK), device="cuda", generator=gen)
+    valid = torch.tensor([64, 0, 17, 1, 64, 63, 40], dtype=torch.int32, device="cuda")
+    keys = torch.arange(BLOCK, device="cuda")
+    pad = ~(keys[None] < valid[:, None]).reshape(-1)
+    s[:, pad] = pad_value
+    val[:, pad] = pad_value
+    s[7, 3] = float("nan")  # a NaN in a valid key of row 7: NaN out and LSE for that row only
+    out = torch.full((rows,), 123.0, device="cuda")
+    lse = torch.full((rows,), 123.0, device="cuda")
+    probe(s, val, valid, out, lse)
+    torch.cuda.synchronize()
+    ref_out, ref_lse = _probe_reference(s, val, valid)
+    assert torch.isnan(out[7]) and torch.isnan(lse[7])
+    keep = torch.ones(rows, dtype=torch.bool, device="cuda")
+    keep[7] = False
+    assert torch.isfinite(out[keep]).all() and torch.isfinite(lse[keep]).all()
+    torch.testing.assert_close(out[keep], ref_out[keep], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(lse[keep], ref_lse[keep], atol=1e-4, rtol=1e-5)
+
+
+@needs_cuda
+def test_softmax_math_probe_rows_without_keys(probe):
+    rows, blocks = 40, 3
+    s = torch.full((rows, blocks * BLOCK), float("nan"), device="cuda")
+    val = torch.full((rows, blocks * BLOCK), float("nan"), device="cuda")
+    valid = torch.zeros(blocks, dtype=torch.int32, device="cuda")
+    out = torch.full((rows,), 123.0, device="cuda")
+    lse = torch.full((rows,), 123.0, device="cuda")
+    probe(s, val, valid, out, lse)
+    torch.cuda.synchronize()
+    assert torch.all(out == 0) and torch.all(lse == float("-inf"))
