@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import os
 import warnings
 from typing import Optional, Tuple
 
@@ -46,6 +47,7 @@ __all__ = [
     "sm100_fwd64_support",
     "sm100_block_sparse_fwd64",
     "compiled_kernel",
+    "REGISTRY_NAME",
 ]
 
 BLOCK = 64
@@ -62,6 +64,9 @@ SUPPORTED_CAPABILITIES = {(10, 0): "sm_100a", (10, 3): "sm_103a"}
 #: Set to True (with the run recorded) once tests/kernels/cute/test_block_sparse_fwd64_gpu.py
 #: has passed on a compute-capability 10.x GPU.
 VERIFIED_ON_HARDWARE = False
+
+#: the kernel's name in ``fastvideo_cute.kernels.cute.REGISTRY`` (compile_check, warm-up cache)
+REGISTRY_NAME = "block_sparse_fwd64_sm100"
 
 _INT_DTYPES = (torch.int32, torch.int64, torch.int16, torch.uint8)
 
@@ -149,6 +154,11 @@ def sm100_fwd64_support(
 def compiled_kernel(arch: str):
     """The kernel compiled (TVM-FFI) for ``arch``, once per process. Shapes are dynamic, so the
     key is the arch only (dtype bf16, head_dim 128 and 64-token blocks are fixed)."""
+    if os.environ.get("FASTVIDEO_CUTE_CACHE_DIR", "").strip():
+        # Through the warm-up's disk cache, so a warmed container loads instead of compiling.
+        from fastvideo_cute.warmup import compile_registry_kernel
+
+        return compile_registry_kernel(REGISTRY_NAME, arch)[0]
     from fastvideo_cute.kernels.cute.block_sparse_fwd64 import kernel_class
 
     return kernel_class(100)().compile(arch)

@@ -114,3 +114,20 @@ def test_softmax_math_builds_for_sm90a_and_sm100a():
     proc = _run(["-c", script])
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "sm_90a OK" in proc.stdout and "sm_100a OK" in proc.stdout
+
+
+def test_registry_name_and_warmup_cache(tmp_path):
+    """The adapter's registry name exists, and the kernel goes through the warm-up's disk cache
+    (compile once, then load) on the CPU box."""
+    script = (
+        "import os\n"
+        f"os.environ['FASTVIDEO_CUTE_CACHE_DIR'] = {str(tmp_path)!r}\n"
+        "from fastvideo_cute.adapters import cute_sm100_fwd as a\n"
+        "from fastvideo_cute.kernels.cute import find\n"
+        "from fastvideo_cute.warmup import compile_registry_kernel\n"
+        "assert find(a.REGISTRY_NAME).archs[0] == 'sm_100a'\n"
+        "fn, how = compile_registry_kernel(a.REGISTRY_NAME, 'sm_100a')\n"
+        "print('first', how)\n"
+    )
+    proc = _run(["-c", script])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
