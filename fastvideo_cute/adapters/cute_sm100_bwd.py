@@ -16,13 +16,12 @@ valid key, they contribute nothing and get dq 0); k2q lists in ``invert_indices`
 block j); kv_block_sizes ``[nb]``: keys at or past the size are masked and get exactly-zero dk/dv
 rows; padding K/V may hold NaN/Inf. Scaling as the Triton backward: dq and dk carry sm_scale.
 
-Status: stages 1, 2 and 4 are here and tested (:func:`sm100_bwd64_common_stages`,
-:func:`work_order`, :func:`sm100_bwd64_postprocess`; GPU tests on any CUDA GPU, the H200 being the
-verification target). The tcgen05 main kernel is not committed yet
-(``block_sparse_bwd64.MAIN_KERNEL_BY_ARCH`` is empty), so :func:`sm100_bwd64_support` refuses with
-that reason and :func:`sm100_block_sparse_bwd64` raises. Once it is, it is reachable only by
-explicit opt-in (``FASTVIDEO_CUTE_SM100_BWD=1`` or ``allow_unverified=True``, with a warning) until
-a compute-capability 10.x run of tests/kernels/cute/test_block_sparse_bwd64_gpu.py has passed.
+Status: stages 1, 2 and 4 (:func:`sm100_bwd64_common_stages`, :func:`work_order`,
+:func:`sm100_bwd64_postprocess`) have GPU tests for any sm_90/sm_100/sm_103 GPU (the H200 is the
+verification target). The tcgen05 main kernel compiles for sm_100a (and sm_103a) but has not run on
+a GPU: :func:`sm100_block_sparse_bwd64` runs only by explicit opt-in (``FASTVIDEO_CUTE_SM100_BWD=1``
+or ``allow_unverified=True``, with a warning) until a compute-capability 10.x run of
+tests/kernels/cute/test_block_sparse_bwd64_gpu.py has passed; routes should not select it before.
 """
 
 from __future__ import annotations
@@ -52,6 +51,8 @@ __all__ = [
     "work_order",
     "emulate_main",
     "sm100_block_sparse_bwd64",
+    "compiled_main",
+    "compiled_stage",
 ]
 
 BLOCK = 64
@@ -296,20 +297,29 @@ def emulate_main(q, k, v, dout, lse2, delta, k2q_idx, k2q_num, kv_block_sizes, s
     return dq_accum, dk, dv
 
 
-@functools.lru_cache(maxsize=None)
 def _warn_unverified() -> None:
     warnings.warn(
         "fastvideo_cute: the CuTe DSL sm_100a VSA backward runs by explicit opt-in and has not yet "
         "passed its GPU tests on a compute-capability 10.x device", RuntimeWarning, stacklevel=3)
 
 
+@functools.lru_cache(maxsize=None)
+def compiled_main(arch: str = "sm_100a"):
+    """The tcgen05 main kernel compiled (TVM-FFI) for ``arch``, once per process."""
+    from fastvideo_cute.kernels.cute.block_sparse_bwd64 import main_kernel_class
+
+    return main_kernel_class(100)().compile(arch)
+
+
 def sm100_block_sparse_bwd64(q, k, v, out, dout, lse, k2q_idx, k2q_num, kv_block_sizes,
                              sm_scale: Optional[float] = None, allow_unverified: Optional[bool] = None):
-    """The whole backward; returns ``(dq, dk, dv)`` bf16 in q's layout (see the module docstring).
+    """The whole backward; returns ``(dq, dk, dv)``, bf16 ``[B, H, S, 128]`` (see the module docstring).
 
-    Raises ``ValueError`` naming the reason when :func:`sm100_bwd64_support` refuses (today: always
-    on the missing main kernel), ``RuntimeError`` without the opt-in (``allow_unverified=True`` or
-    ``FASTVIDEO_CUTE_SM100_BWD=1``)."""
+    ``k2q_idx`` entries must be valid q block ids in ``[0, nb)`` for the first ``k2q_num`` slots (what
+    ``invert_indices`` produces; they are not range-checked on the device). Raises ``ValueError``
+    naming the reason when :func:`sm100_bwd64_support` refuses, ``RuntimeError`` without the opt-in
+    (``allow_unverified=True`` or ``FASTVIDEO_CUTE_SM100_BWD=1``): the kernel has not yet passed its
+    tests on a compute-capability 10.x GPU."""
     ok, reason = sm100_bwd64_support(q, k, v, out, dout, lse, k2q_idx, k2q_num, kv_block_sizes)
     if not ok:
         raise ValueError(f"sm100_block_sparse_bwd64: {reason}")
@@ -318,4 +328,28 @@ def sm100_block_sparse_bwd64(q, k, v, out, dout, lse, k2q_idx, k2q_num, kv_block
     if not allow_unverified:
         raise RuntimeError(f"sm100_block_sparse_bwd64 is unverified on hardware: opt in with {OPT_IN_ENV}=1")
     _warn_unverified()
-    raise NotImplementedError("the tcgen05 main kernel is not wired in yet")  # pragma: no cover
+    if sm_scale is None:
+        sm_scale = HEAD_DIM**-0.5
+    if not math.isfinite(sm_scale):
+        raise ValueError("sm100_block_sparse_bwd64: sm_scale must be finite")
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    if q.numel() == 0:
+        return dq, dk, dv
+    batch, heads, _, _ = q.shape
+    nb = kv_block_sizes.numel()
+    items = batch * heads * nb
+    common = sm100_bwd64_common_stages(out, dout, lse, k2q_num, kv_block_sizes, dk=dk, dv=dv)
+    order = common["order"]
+    if order is None:
+        order = torch.arange(items, dtype=torch.int32, device=q.device)
+    idx = k2q_idx.to(torch.int32).reshape(items, k2q_idx.shape[-1]).contiguous()
+    num = k2q_num.to(torch.int32).reshape(items).contiguous()
+    vbs = kv_block_sizes.to(torch.int32).contiguous()
+    dq_accum = common["dq_accum"]
+    fn = compiled_main(MAIN_CAPABILITIES[torch.cuda.get_device_capability(q.device)])
+    with torch.cuda.device(q.device):
+        fn(q.view(-1, HEAD_DIM), k.view(-1, HEAD_DIM), v.view(-1, HEAD_DIM), dout.view(-1, HEAD_DIM),
+           dk.view(-1, HEAD_DIM), dv.view(-1, HEAD_DIM), dq_accum.view(-1, HEAD_DIM),
+           common["lse2"].view(-1), common["delta"].view(-1), idx, num, vbs, order, float(sm_scale))
+    sm100_bwd64_postprocess(dq_accum, lse, sm_scale, dq=dq)
+    return dq, dk, dv

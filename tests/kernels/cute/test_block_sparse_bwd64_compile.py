@@ -3,8 +3,8 @@
 Cross-compiles the package's ``REGISTRY_ENTRIES`` in a subprocess (the CuTe DSL reads its artifact
 settings at import) through ``fastvideo_cute.compile_check.check_kernel``: the arch-independent
 stages for sm_90a, sm_100a and sm_103a (SIMT: 128-bit global accesses, no MMA), the tcgen05 main
-kernel, once it is in the package, for its archs (UTCHMMA and tensor-memory loads LDTM in the
-SASS). Registers and spills are printed (``pytest -s``) and spills must be 0. Also on CPU: the
+kernel for sm_100a and sm_103a (UTCHMMA, tensor-memory loads LDTM, TMA loads, the fp32 bulk
+reduce-add in the SASS). Registers and spills are printed (``pytest -s``) and spills must be 0. Also on CPU: the
 torch model of the main kernel's math (``emulate_main``) against the fp32 autograd reference, the
 work order, and the support predicates' refusals. About 15 s on a 2-core box.
 """
@@ -26,6 +26,7 @@ from fastvideo_cute.metadata import index_to_map, invert_indices  # noqa: E402
 from fastvideo_cute.reference import block_sparse_attn_reference  # noqa: E402
 
 COMMON = ("block_sparse_bwd64_preprocess", "block_sparse_bwd64_postprocess")
+MAIN = "block_sparse_bwd64_sm100"
 COMMON_ARCHS = ("sm_90a", "sm_100a", "sm_103a")
 
 
@@ -65,6 +66,7 @@ def test_every_entry_compiles_without_spills(compiled):
         assert "spill=0B" in line, f"{name} spills on {arch}: {line}"
     for name in COMMON:
         assert {r[1] for r in results if r[0] == name} == set(COMMON_ARCHS)
+    assert {r[1] for r in results if r[0] == MAIN} == {"sm_100a", "sm_103a"}
 
 
 @pytest.mark.parametrize("arch", COMMON_ARCHS)
@@ -80,17 +82,26 @@ def test_common_stages_sass(compiled, name, arch):
         assert "SHFL.BFLY" in sass and "STG.E.128" in sass
 
 
-def test_main_kernel_sass(compiled):
-    from fastvideo_cute.kernels.cute import block_sparse_bwd64 as pkg
-
-    if not pkg.MAIN_KERNEL_BY_ARCH:
-        pytest.skip("the tcgen05 main kernel is not in the package yet")
+@pytest.mark.parametrize("arch", ("sm_100a", "sm_103a"))
+def test_main_kernel_sass(compiled, arch):
+    """tcgen05 MMAs (5 GEMMs: 8 + 8 + 8 + 8 + 4 K-steps), tensor-memory loads, TMA loads (K, V: 2
+    boxes each, Q, dO: 4 each), the fp32 bulk reduce-add of dQ (two q blocks a pair), no spills."""
     results, keep = compiled
-    mains = [r for r in results if r[0] not in COMMON]
-    assert mains
-    for name, arch, _, _ in mains:
-        sass = (keep / f"{name}.{arch}.sass").read_text()
-        assert "UTCHMMA" in sass and "LDTM" in sass and "UTMALDG" in sass
+    (line,) = [r[3] for r in results if r[0] == MAIN and r[1] == arch]
+    assert " OK" in line and "spill=0B" in line, line
+    sass = (keep / f"{MAIN}.{arch}.sass").read_text()
+    from fastvideo_cute.compile_check import sass_counts
+
+    counts = sass_counts(sass)
+
+    def count(prefix):
+        return sum(n for op, n in counts.items() if op == prefix or op.startswith(prefix + "."))
+
+    assert count("UTCHMMA") == 36
+    assert count("LDTM") > 0
+    assert count("UTMALDG") == 12
+    assert count("UBLKRED") == 2 and "UBLKRED.G.S.ADD.F32" in sass
+    assert count("HMMA") == 0 and count("HGMMA") == 0
 
 
 def test_tables_agree():
@@ -104,7 +115,12 @@ def test_tables_agree():
     assert A.MAX_ROWS == mod.MAX_ROWS
     assert all(isinstance(s, CuteKernelSpec) for s in pkg.REGISTRY_ENTRIES)
     assert pkg.stage_class("preprocess") is mod.BlockSparseBwd64Preprocess
-    assert A.main_kernel_available() == bool(pkg.MAIN_KERNEL_BY_ARCH)
+    assert A.main_kernel_available("sm_100a") and not A.main_kernel_available("sm_103a")
+    assert set(A.MAIN_CAPABILITIES.values()) == {e[2] for e in pkg.MAIN_KERNEL_BY_ARCH.values()}
+    from fastvideo_cute.kernels.cute.block_sparse_bwd64 import block_sparse_bwd64_sm100 as main_mod
+
+    assert pkg.main_kernel_class(100) is main_mod.BlockSparseBwd64Sm100
+    assert main_mod.BLOCK == A.BLOCK and main_mod.HEAD_DIM == A.HEAD_DIM
 
 
 def _case(nb=6, topk=3, heads=2, batch=1, seed=0, nan_padding=True, excluded=(), empty_q=()):
