@@ -103,25 +103,11 @@ class BlockSparseBwd64Sm100:
         self.num_threads = 128
 
     # ------------------------------------------------------------------ host side
-    @cute.jit
-    def __call__(
-        self,
-        mQ: cute.Tensor,  # [R, 128] bf16, R = B*H*S
-        mK: cute.Tensor,
-        mV: cute.Tensor,
-        mdO: cute.Tensor,
-        mdK: cute.Tensor,  # [R, 128] bf16 (out; rows of selected kv blocks)
-        mdV: cute.Tensor,
-        mdQaccum: cute.Tensor,  # [R, 128] fp32 (reduce-add)
-        mLSE2: cute.Tensor,  # [R] fp32 (preprocess)
-        mDelta: cute.Tensor,  # [R] fp32 (preprocess)
-        mIdx: cute.Tensor,  # [B*H*nb, max_q] int32 (k2q)
-        mNum: cute.Tensor,  # [B*H*nb] int32
-        mVbs: cute.Tensor,  # [nb] int32
-        mOrder: cute.Tensor,  # [B*H*nb] int32: work id -> item
-        sm_scale: Float32,
-        stream: cuda.CUstream,
-    ):
+    def make_mmas_and_layouts(self) -> dict:
+        """The five tiled MMAs and the shared-memory layouts (call inside a JIT context). Several
+        operand views share one buffer: sQ / sQt (Q pair as A of S, K-major, and as A of dK^T,
+        MN-major), sK / sKt, sP / sPt, and the TMA box layouts address the same bytes; the CPU test
+        checks these identities element by element."""
         bf = self.dtype
         K_MAJ, MN_MAJ = cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN
         one = tcgen05.CtaGroup.ONE
@@ -148,7 +134,38 @@ class BlockSparseBwd64Sm100:
         box_atom = warpgroup.make_smem_layout_atom(warpgroup.SmemLayoutAtomKind.K_SW128, bf)
         box_pair = cute.tile_to_shape(box_atom, (BLOCK, 64, 4), (0, 1, 2))
         box_kv = cute.tile_to_shape(box_atom, (BLOCK, 64, 2), (0, 1, 2))
+
+        sPe = cute.slice_(sm100_utils.make_smem_layout_epi(bf, LayoutEnum.ROW_MAJOR, (PAIR, BLOCK), 1).outer,
+                          (None, None, 0))
+        return dict(mma_S=mma_S, mma_dP=mma_dP, mma_dV=mma_dV, mma_dK=mma_dK, mma_dQ=mma_dQ,
+                    sQ=sQ_layout, sQt=sQt_layout, sK=sK_layout, sKt=sKt_layout, sP=sP_layout, sPt=sPt_layout,
+                    box_pair=box_pair, box_kv=box_kv, sPe=sPe)
+
+    @cute.jit
+    def __call__(
+        self,
+        mQ: cute.Tensor,  # [R, 128] bf16, R = B*H*S
+        mK: cute.Tensor,
+        mV: cute.Tensor,
+        mdO: cute.Tensor,
+        mdK: cute.Tensor,  # [R, 128] bf16 (out; rows of selected kv blocks)
+        mdV: cute.Tensor,
+        mdQaccum: cute.Tensor,  # [R, 128] fp32 (reduce-add)
+        mLSE2: cute.Tensor,  # [R] fp32 (preprocess)
+        mDelta: cute.Tensor,  # [R] fp32 (preprocess)
+        mIdx: cute.Tensor,  # [B*H*nb, max_q] int32 (k2q)
+        mNum: cute.Tensor,  # [B*H*nb] int32
+        mVbs: cute.Tensor,  # [nb] int32
+        mOrder: cute.Tensor,  # [B*H*nb] int32: work id -> item
+        sm_scale: Float32,
+        stream: cuda.CUstream,
+    ):
+        L = self.make_mmas_and_layouts()
+        mma_S, mma_dP, mma_dV, mma_dK, mma_dQ = L["mma_S"], L["mma_dP"], L["mma_dV"], L["mma_dK"], L["mma_dQ"]
+        sQ_layout, sQt_layout, sK_layout, sKt_layout = L["sQ"], L["sQt"], L["sK"], L["sKt"]
+        sP_layout, sPt_layout, box_pair, box_kv = L["sP"], L["sPt"], L["box_pair"], L["box_kv"]
         box_one = cute.select(box_kv, mode=[0, 1])
+        bf = self.dtype
 
         g2s = cpasync.CopyBulkTensorTileG2SOp()
         tma_atom_Q, tma_Q = cpasync.make_tiled_tma_atom(g2s, mQ, box_one, (BLOCK, 64))
@@ -287,8 +304,7 @@ class BlockSparseBwd64Sm100:
         sdQ = storage.sdQ.get_tensor(cute.make_layout((PAIR, HEAD_DIM), stride=(HEAD_DIM, 1)))
         # P / dS as the row-major (128 q, 64 kv) epilogue tile (q * 64 + kv, 128-byte swizzle: the
         # bytes the MMA views read), rank 3 like the TMEM fragment, for the register -> smem copy.
-        sPe_layout = cute.slice_(sm100_utils.make_smem_layout_epi(bf, LayoutEnum.ROW_MAJOR, (PAIR, BLOCK), 1).outer,
-                                 (None, None, 0))
+        sPe_layout = self.make_mmas_and_layouts()["sPe"]
         sPe_layout = cute.make_layout((sPe_layout.shape, 1, 1), stride=(sPe_layout.stride, 0, 0))
         sP_epi = cute.make_tensor(sP.iterator, sPe_layout)
         sdS_epi = cute.make_tensor(sdS.iterator, sPe_layout)
@@ -388,8 +404,8 @@ class BlockSparseBwd64Sm100:
         phase_tma = Int32(0)
         phase_mma = Int32(0)
         num_pairs = (count + 1) // 2
-        row_in_pair = tidx
-        half = tidx // BLOCK
+        row_in_pair = tScS[0][0]  # this thread's accumulator row (= tidx for the 32x32b loads)
+        half = row_in_pair // BLOCK
         for it in cutlass.range(num_pairs, unroll=1):
             e0 = it * 2
             q0 = mIdx[item, e0]

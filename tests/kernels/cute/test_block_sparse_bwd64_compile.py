@@ -213,3 +213,45 @@ def test_support_refuses_on_cpu_and_bad_shapes():
     assert "k2q_idx" in A._check_meta(q, lse, idx[..., :0], num, vbs)[1]
     assert "k2q_num" in A._check_meta(q, lse, idx, num[..., :2], vbs)[1]
     assert "integer" in A._check_meta(q, lse, idx.float(), num, vbs)[1]
+
+
+def test_main_kernel_operand_views_share_bytes():
+    """The main kernel reads one shared-memory buffer through several layouts (TMA boxes, the
+    K-major and the MN-major MMA operand views, the register -> smem store view of P/dS); they
+    must address the same element at the same (swizzled) offset. Evaluated at trace time."""
+    import cutlass.cute as cute
+
+    from fastvideo_cute.kernels.cute.block_sparse_bwd64.block_sparse_bwd64_sm100 import BlockSparseBwd64Sm100
+
+    checked = []
+
+    def compare(L):  # plain Python (not preprocessed by the DSL): loops and asserts run at trace time
+        sQ, sQt, sK, sKt, sP, sPt = L["sQ"], L["sQt"], L["sK"], L["sKt"], L["sP"], L["sPt"]
+        box_pair, box_kv, sPe = L["box_pair"], L["box_kv"], L["sPe"]
+        for q in range(0, 128, 3):
+            for d in range(0, 128, 5):
+                a = sQ(((q, d % 16), 0, ((d // 16) % 4, d // 64)))
+                b = sQt((((d % 64, d // 64), q % 16), 0, q // 16))
+                c = box_pair(((q % 8, (q % 64) // 8), (d % 64, 0), (0, q // 64 + 2 * (d // 64))))
+                assert a == b == c, ("Q", q, d, a, b, c)
+        for kv in range(0, 64, 3):
+            for d in range(0, 128, 5):
+                a = sK(((kv, d % 16), 0, ((d // 16) % 4, d // 64)))
+                b = sKt((((d % 64, d // 64), kv % 16), 0, kv // 16))
+                c = box_kv(((kv % 8, kv // 8), (d % 64, 0), (0, d // 64)))
+                assert a == b == c, ("K", kv, d, a, b, c)
+        for q in range(0, 128, 3):
+            for kv in range(0, 64, 1):
+                a = sP(((q, kv % 16), 0, kv // 16))
+                b = sPt(((kv, q % 16), 0, q // 16))
+                c = sP.outer(((q, kv % 16), 0, kv // 16))
+                e = sPe(((q % 8, q // 8), (kv, 0)))
+                assert a == b and c == e, ("P", q, kv, a, b, c, e)
+        checked.append(True)
+
+    @cute.jit
+    def check():
+        compare(BlockSparseBwd64Sm100().make_mmas_and_layouts())
+
+    check()
+    assert checked
