@@ -13,8 +13,9 @@ Two tiers:
 So that a missed store cannot hide behind a recycled zero buffer, outputs the kernels must write
 are pre-filled with NaN (or NaN blocks are left in the caching allocator).
 
-Run (H200, common stages):   python -m pytest -q -m gpu tests/kernels/cute/test_block_sparse_bwd64_gpu.py
-Run (B200, whole backward):  FASTVIDEO_CUTE_SM100_BWD=1 python -m pytest -q -m gpu tests/kernels/cute/test_block_sparse_bwd64_gpu.py
+Run (H200: common stages; B200/GB200: also the whole backward, the tests pass the opt-in themselves):
+    python -m pytest -q -m gpu tests/kernels/cute/test_block_sparse_bwd64_gpu.py
+(a first tcgen05 run is best wrapped in ``timeout -s KILL 600``: a wrong barrier phase would hang.)
 """
 
 import math
