@@ -48,6 +48,9 @@ __all__ = [
     "sm100_block_sparse_fwd64",
     "compiled_kernel",
     "REGISTRY_NAME",
+    "REGISTRY_NAMES",
+    "VARIANTS",
+    "default_variant",
 ]
 
 BLOCK = 64
@@ -67,6 +70,19 @@ VERIFIED_ON_HARDWARE = False
 
 #: the kernel's name in ``fastvideo_cute.kernels.cute.REGISTRY`` (compile_check, warm-up cache)
 REGISTRY_NAME = "block_sparse_fwd64_sm100"
+
+# Kernel variants of one contract: "simple" (the bring-up default) and "overlap" (the next
+# block's QK issued under this block's softmax epilogue; experimental). Both unverified.
+VARIANTS = ("simple", "overlap")
+REGISTRY_NAMES = {"simple": REGISTRY_NAME, "overlap": "block_sparse_fwd64_sm100_overlap"}
+_VARIANT_ENV = "FASTVIDEO_CUTE_SM100_FWD64_KERNEL"
+
+
+def default_variant() -> str:
+    variant = os.environ.get(_VARIANT_ENV, "simple") or "simple"
+    if variant not in VARIANTS:
+        raise ValueError(f"{_VARIANT_ENV}={variant!r}: expected one of {VARIANTS}")
+    return variant
 
 _INT_DTYPES = (torch.int32, torch.int64, torch.int16, torch.uint8)
 
@@ -151,17 +167,17 @@ def sm100_fwd64_support(
 
 
 @functools.lru_cache(maxsize=None)
-def compiled_kernel(arch: str):
+def compiled_kernel(arch: str, variant: str = "simple"):
     """The kernel compiled (TVM-FFI) for ``arch``, once per process. Shapes are dynamic, so the
-    key is the arch only (dtype bf16, head_dim 128 and 64-token blocks are fixed)."""
+    key is the arch and the variant (dtype bf16, head_dim 128 and 64-token blocks are fixed)."""
     if os.environ.get("FASTVIDEO_CUTE_CACHE_DIR", "").strip():
         # Through the warm-up's disk cache, so a warmed container loads instead of compiling.
         from fastvideo_cute.warmup import compile_registry_kernel
 
-        return compile_registry_kernel(REGISTRY_NAME, arch)[0]
-    from fastvideo_cute.kernels.cute.block_sparse_fwd64 import kernel_class
+        return compile_registry_kernel(REGISTRY_NAMES[variant], arch)[0]
+    from fastvideo_cute.kernels.cute.block_sparse_fwd64 import variant_kernel
 
-    return kernel_class(100)().compile(arch)
+    return variant_kernel(variant).compile(arch)
 
 
 @functools.lru_cache(maxsize=None)
@@ -184,11 +200,16 @@ def sm100_block_sparse_fwd64(
     kv_block_sizes: torch.Tensor,
     out: Optional[torch.Tensor] = None,
     lse: Optional[torch.Tensor] = None,
+    variant: Optional[str] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Block-sparse attention forward, 64-token blocks, with LSE (see the module docstring).
     Returns ``(out [B, H, S, 128] bf16, lse [B, H, S] fp32)`` (allocated if None; every element
     is written). Raises ``ValueError`` naming the reason when :func:`sm100_fwd64_support`
-    refuses."""
+    refuses. ``variant``: "simple" or "overlap" (default: ``$FASTVIDEO_CUTE_SM100_FWD64_KERNEL``,
+    else "simple")."""
+    variant = default_variant() if variant is None else variant
+    if variant not in VARIANTS:
+        raise ValueError(f"sm100_block_sparse_fwd64: variant must be one of {VARIANTS}, got {variant!r}")
     ok, reason = sm100_fwd64_support(q, k, v, q2k_idx, q2k_num, kv_block_sizes)
     if not ok:
         raise ValueError(f"sm100_block_sparse_fwd64: {reason}")
@@ -216,7 +237,7 @@ def sm100_block_sparse_fwd64(
         num = torch.zeros((rows,), dtype=torch.int32, device=q.device)
     idx, num = idx.contiguous(), num.contiguous()
     vbs = kv_block_sizes.to(torch.int32).contiguous()
-    fn = compiled_kernel(sm100_fwd64_arch(q.device))
+    fn = compiled_kernel(sm100_fwd64_arch(q.device), variant)
     with torch.cuda.device(q.device):
         fn(
             q.detach().view(-1, HEAD_DIM),

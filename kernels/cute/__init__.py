@@ -41,11 +41,14 @@ def _block_sparse_fwd128(variant: str):
     return build
 
 
-def _block_sparse_fwd64_sm100():
-    from .block_sparse_fwd64 import kernel_class
+def _block_sparse_fwd64_sm100(variant: str):
+    def build():
+        from .block_sparse_fwd64 import variant_kernel
 
-    kernel = kernel_class(100)()
-    return kernel, kernel.fake_args()
+        kernel = variant_kernel(variant)
+        return kernel, kernel.fake_args()
+
+    return build
 
 
 REGISTRY: Tuple[CuteKernelSpec, ...] = (
@@ -68,11 +71,20 @@ REGISTRY: Tuple[CuteKernelSpec, ...] = (
     CuteKernelSpec(
         name="block_sparse_fwd64_sm100",
         archs=("sm_100a", "sm_103a"),
-        build=_block_sparse_fwd64_sm100,
+        build=_block_sparse_fwd64_sm100("simple"),
         expect=("UTCHMMA", "LDTM", "UTMALDG"),
         forbid=("HMMA", "HGMMA"),
         notes="VSA forward + LSE, 64-token blocks: tcgen05 MMA (M=128, rows 64-127 discarded), S and "
               "O_j in TMEM, TMA K/V ring (UNVERIFIED on hardware)",
+    ),
+    CuteKernelSpec(
+        name="block_sparse_fwd64_sm100_overlap",
+        archs=("sm_100a", "sm_103a"),
+        build=_block_sparse_fwd64_sm100("overlap"),
+        expect=("UTCHMMA", "LDTM", "UTMALDG"),
+        forbid=("HMMA", "HGMMA"),
+        notes="the same, S double-buffered in TMEM and the next block's QK issued after this "
+              "block's PV (experimental, UNVERIFIED on hardware)",
     ),
 )
 

@@ -16,7 +16,21 @@ KERNEL_BY_ARCH = {
     100: ("block_sparse_fwd64_sm100", "BlockSparseFwd64Sm100", "sm_100a"),
 }
 
-TARGET_ARCHS = ("sm_100a",)
+TARGET_ARCHS = ("sm_100a", "sm_103a")
+
+# Variants of one contract (constructor options of the class): "simple" (QK, softmax, PV and the
+# O accumulate strictly in turn per kv block: the bring-up default) and "overlap" (S
+# double-buffered in TMEM, the next block's QK issued right after this block's PV). Both
+# compile; neither has run on hardware yet.
+VARIANTS = {
+    "simple": {"overlap": False},
+    "overlap": {"overlap": True},
+}
+
+
+def variant_kernel(variant: str = "simple"):
+    """An instance of the sm_100 kernel configured as ``variant`` ("simple", "overlap")."""
+    return kernel_class(100)(**VARIANTS[variant])
 
 
 def kernel_class(arch_family: int = 100):

@@ -76,8 +76,13 @@ class BlockSparseFwd64Sm100:
 
     arch_family = "tcgen05+tma"
 
-    def __init__(self, kv_stages: int = 2):
+    def __init__(self, kv_stages: int = 2, overlap: bool = False):
         assert kv_stages == 2, "the ring's phase arithmetic assumes two stages"
+        # overlap=False ("simple"): QK, softmax, PV, O accumulate strictly in turn per kv block.
+        # overlap=True ("overlap"): S is double-buffered in TMEM (columns 0-63 / 64-127) and the
+        # MMA warp issues the next block's QK right after this block's PV, so QK runs under the
+        # softmax threads' O accumulate (the next K/V load then waits for this block's PV).
+        self.overlap = overlap
         self.dtype = cutlass.BFloat16
         self.kv_stages = kv_stages
         self.num_softmax_warps = 2  # 64 rows, one per thread
@@ -255,7 +260,8 @@ class BlockSparseFwd64Sm100:
         tOtO = cute.make_tensor(tmem_ptr + TMEM_O_OFFSET, tOtO_fake.layout)
 
         if warp_idx == self.mma_warp:
-            self.mma_warp_loop(tiled_mma_qk, tiled_mma_pv, thr_mma_qk, thr_mma_pv, tma_atom_Q, mQ,
+            mma_loop = self.mma_warp_loop_overlap if const_expr(self.overlap) else self.mma_warp_loop
+            mma_loop(tiled_mma_qk, tiled_mma_pv, thr_mma_qk, thr_mma_pv, tma_atom_Q, mQ,
                                tma_atom_K, mK, tma_atom_V, mVt, sQ, sK, sV, sP, tStS, tOtO,
                                mbar_q, mbar_kv, mbar_s, mbar_p, mbar_o, mIdx, mVbs, query, count, tiles)
         else:
@@ -327,6 +333,88 @@ class BlockSparseFwd64Sm100:
             it = it + 1
 
     @cute.jit
+    def mma_warp_loop_overlap(self, tiled_mma_qk, tiled_mma_pv, thr_mma_qk, thr_mma_pv, tma_atom_Q, mQ,
+                              tma_atom_K, mK, tma_atom_V, mVt, sQ, sK, sV, sP, tStS, tOtO,
+                              mbar_q, mbar_kv, mbar_s, mbar_p, mbar_o, mIdx, mVbs, query, count, tiles):
+        """The overlap variant: QK of block it+1 (into S buffer (it+1) % 2) is issued right after
+        PV of block it. Hand-offs: QK(it+1) overwrites the S buffer of block it-1, read before
+        P(it-1) was signalled; the K/V stage of block it is reloaded (block it+2) only after PV(it)
+        has completed; P(it+1) and PV(it+1)'s O are produced only after the softmax threads have
+        waited for PV(it) and read its O."""
+        unit = cute.make_layout(1)
+        gQ = cute.local_tile(cute.domain_offset((query * BLOCK, 0), mQ), (MMA_M, HEAD_DIM), (0, 0))
+        tQsQ, tQgQ = cpasync.tma_partition(tma_atom_Q, 0, unit, cute.group_modes(sQ, 0, 3),
+                                           cute.group_modes(thr_mma_qk.partition_A(gQ), 0, 3))
+        gK = cute.local_tile(mK, (BLOCK, HEAD_DIM), (None, 0))
+        tKsK, tKgK = cpasync.tma_partition(tma_atom_K, 0, unit, cute.group_modes(sK, 0, 3),
+                                           cute.group_modes(thr_mma_qk.partition_B(gK), 0, 3))
+        gV = cute.local_tile(mVt, (HEAD_DIM, BLOCK), (0, None))
+        tVsV, tVgV = cpasync.tma_partition(tma_atom_V, 0, unit, cute.group_modes(sV, 0, 3),
+                                           cute.group_modes(thr_mma_pv.partition_B(gV), 0, 3))
+        tCrQ = tiled_mma_qk.make_fragment_A(sQ)
+        tCrK = tiled_mma_qk.make_fragment_B(sK)
+        tCrP = tiled_mma_pv.make_fragment_A(sP)
+        tCrV = tiled_mma_pv.make_fragment_B(sV)
+        head_block = (query // tiles) * tiles
+
+        e = self.next_valid(mIdx, mVbs, query, Int32(0), count, tiles)
+        en = count
+        if e < count:
+            with cute.arch.elect_one():
+                cute.arch.mbarrier_arrive_and_expect_tx(mbar_q, self.q_bytes)
+            cute.copy(tma_atom_Q, tQgQ, tQsQ[(None, 0)], tma_bar_ptr=mbar_q)
+            kv_tile, _ = self.entry_keys(mIdx, mVbs, query, e, tiles)
+            self.load_kv(tma_atom_K, tma_atom_V, tKgK, tKsK, tVgV, tVsV, mbar_kv, head_block + kv_tile, 0)
+            en = self.next_valid(mIdx, mVbs, query, e + 1, count, tiles)
+            if en < count:
+                kv_next, _ = self.entry_keys(mIdx, mVbs, query, en, tiles)
+                self.load_kv(tma_atom_K, tma_atom_V, tKgK, tKsK, tVgV, tVsV, mbar_kv, head_block + kv_next, 1)
+            cute.arch.mbarrier_wait(mbar_q, 0)
+            cute.arch.mbarrier_wait(mbar_kv, 0)
+            self.issue_qk(tiled_mma_qk, tStS, tCrQ, tCrK, Int32(0), mbar_s)
+        it = Int32(0)
+        while e < count:
+            stage = it % 2
+            # P(it) written, V(it)'s padding rows zeroed, S(it) read.
+            cute.arch.mbarrier_wait(mbar_p, it % 2)
+            _tcgen05_fence("after")
+            for k in cutlass.range_constexpr(cute.size(tCrP, mode=[2])):
+                tiled_mma_pv.set(tcgen05.Field.ACCUMULATE, k != 0)
+                cute.gemm(tiled_mma_pv, tOtO, tCrP[None, None, k, 0], tCrV[None, None, k, stage], tOtO)
+            with cute.arch.elect_one():
+                tcgen05.commit(mbar_o)
+            if en < count:
+                cute.arch.mbarrier_wait(mbar_kv + (1 - stage), ((it + 1) // 2) % 2)
+                self.issue_qk(tiled_mma_qk, tStS, tCrQ, tCrK, 1 - stage, mbar_s)
+            # PV(it) done: its K/V stage is free for block it+2.
+            cute.arch.mbarrier_wait(mbar_o, it % 2)
+            enn = count
+            if en < count:
+                enn = self.next_valid(mIdx, mVbs, query, en + 1, count, tiles)
+            if enn < count:
+                kv_after, _ = self.entry_keys(mIdx, mVbs, query, enn, tiles)
+                self.load_kv(tma_atom_K, tma_atom_V, tKgK, tKsK, tVgV, tVsV, mbar_kv, head_block + kv_after,
+                             stage)
+            e = en
+            en = enn
+            it = it + 1
+
+    @cute.jit
+    def issue_qk(self, tiled_mma_qk, tStS, tCrQ, tCrK, stage, mbar_s):
+        """S[stage] = Q K[stage]^T into TMEM columns 64 * stage, then commit to ``mbar_s``.
+        Called inside two different branches: the MMA's accumulate field is traced state that
+        must not escape a branch, so each call uses a fresh tiled MMA of the same shape."""
+        tStS_buf = cute.make_tensor(tStS.iterator + stage * BLOCK, tStS.layout)
+        K_major = cute.nvgpu.OperandMajorMode.K
+        mma = sm100_utils.make_trivial_tiled_mma(self.dtype, self.dtype, K_major, K_major, Float32,
+                                                 tcgen05.CtaGroup.ONE, self.mma_tiler_qk[:2])
+        for k in cutlass.range_constexpr(cute.size(tCrQ, mode=[2])):
+            mma.set(tcgen05.Field.ACCUMULATE, k != 0)
+            cute.gemm(mma, tStS_buf, tCrQ[None, None, k, 0], tCrK[None, None, k, stage], tStS_buf)
+        with cute.arch.elect_one():
+            tcgen05.commit(mbar_s)
+
+    @cute.jit
     def load_kv(self, tma_atom_K, tma_atom_V, tKgK, tKsK, tVgV, tVsV, mbar_kv, block, stage):
         bar = mbar_kv + stage
         with cute.arch.elect_one():
@@ -378,7 +466,12 @@ class BlockSparseFwd64Sm100:
                 # ---- S row from TMEM; mask keys at or past the block's valid count (a select)
                 cute.arch.mbarrier_wait(mbar_s, it % 2)
                 _tcgen05_fence("after")
-                cute.copy(thr_s_load, tStS_t2r, rS)
+                if const_expr(self.overlap):
+                    # S of block `it` is in TMEM columns 64 * (it % 2) ...
+                    tStS_buf = cute.make_tensor(tStS_t2r.iterator + stage * BLOCK, tStS_t2r.layout)
+                    cute.copy(thr_s_load, tStS_buf, rS)
+                else:
+                    cute.copy(thr_s_load, tStS_t2r, rS)
                 cute.arch.fence_view_async_tmem_load()
                 if valid < BLOCK:
                     mask_keys(rS, tScS_t2r, valid)

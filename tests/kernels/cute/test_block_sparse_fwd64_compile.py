@@ -18,6 +18,7 @@ import pytest
 pytest.importorskip("cutlass")
 
 NAME = "block_sparse_fwd64_sm100"
+NAMES = (NAME, "block_sparse_fwd64_sm100_overlap")
 TARGETS = ("sm_100a", "sm_103a")
 
 
@@ -31,15 +32,17 @@ def _run(args, **kw):
 def compiled(tmp_path_factory):
     keep = tmp_path_factory.mktemp("cute_sass_fwd64")
     arch_args = [a for arch in (*TARGETS, "sm_90a") for a in ("--arch", arch)]
-    proc = _run(["-m", "fastvideo_cute.compile_check", *arch_args, "--kernel", NAME, "--keep", str(keep)])
+    kernel_args = [a for name in NAMES for a in ("--kernel", name)]
+    proc = _run(["-m", "fastvideo_cute.compile_check", *arch_args, *kernel_args, "--keep", str(keep)])
     print(proc.stdout)  # the regs/spill report (pytest -s shows it)
     return proc, keep
 
 
-def test_compile_check_passes(compiled):
+@pytest.mark.parametrize("name", NAMES)
+def test_compile_check_passes(compiled, name):
     proc, _ = compiled
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    lines = [line for line in proc.stdout.splitlines() if line.split() and line.split()[0] == NAME]
+    lines = [line for line in proc.stdout.splitlines() if line.split() and line.split()[0] == name]
     assert len(lines) == 3, proc.stdout
     for arch in TARGETS:
         (line,) = [line for line in lines if line.split()[1] == arch]
@@ -54,15 +57,16 @@ def test_compile_check_passes(compiled):
     assert "skipped (not targeted" in line
 
 
+@pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("arch", TARGETS)
-def test_sass_uses_tcgen05_tmem_and_tma(compiled, arch):
+def test_sass_uses_tcgen05_tmem_and_tma(compiled, arch, name):
     _, keep = compiled
-    sass = (keep / f"{NAME}.{arch}.sass").read_text()
+    sass = (keep / f"{name}.{arch}.sass").read_text()
     assert f".target\t{arch}" in sass or f".target {arch}" in sass
     ops = re.findall(r"^\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_.]*)", sass, re.M)
     count = lambda prefix: sum(1 for op in ops if op == prefix or op.startswith(prefix + "."))  # noqa: E731
-    # S = Q K^T: 128/16 = 8 MMAs; O_j = P V: 64/16 = 4 MMAs.
-    assert count("UTCHMMA") == 12
+    # S = Q K^T: 128/16 = 8 MMAs; O_j = P V: 64/16 = 4 MMAs (overlap: a second QK call site).
+    assert count("UTCHMMA") == (12 if name == NAME else 20)
     assert count("LDTM") >= 2  # the S row and the O_j row
     assert count("UTMALDG") >= 3  # Q, K, V
     assert count("UTCBAR") >= 2  # tcgen05.commit to the S and O barriers
@@ -126,6 +130,7 @@ def test_registry_name_and_warmup_cache(tmp_path):
         "from fastvideo_cute.kernels.cute import find\n"
         "from fastvideo_cute.warmup import compile_registry_kernel\n"
         "assert find(a.REGISTRY_NAME).archs[0] == 'sm_100a'\n"
+        "assert all(find(n).archs[0] == 'sm_100a' for n in a.REGISTRY_NAMES.values())\n"
         "fn, how = compile_registry_kernel(a.REGISTRY_NAME, 'sm_100a')\n"
         "print('first', how)\n"
     )

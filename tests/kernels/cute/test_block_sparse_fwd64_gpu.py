@@ -17,6 +17,7 @@ Run: ``python -m pytest -q -m gpu tests/kernels/cute/test_block_sparse_fwd64_gpu
 (on a first run, wrap it in ``timeout -s KILL 600``: a protocol bug shows as a hang).
 """
 
+import os
 import warnings
 
 import pytest
@@ -44,6 +45,18 @@ needs_sm100 = pytest.mark.skipif(not _runnable(),
                                  reason="needs a compute-capability 10.x GPU (sm_100/sm_103) and the CuTe DSL")
 needs_cuda = pytest.mark.skipif(not (torch.cuda.is_available() and sm100._cute_dsl_importable()),
                                 reason="needs a CUDA GPU and the CuTe DSL")
+
+
+# The variants under test: "simple" by default; FASTVIDEO_CUTE_SM100_FWD64_TEST_VARIANTS=simple,overlap
+# adds the experimental overlapped kernel (run it under `timeout -s KILL`: a protocol bug hangs).
+_TEST_VARIANTS = [v for v in os.environ.get("FASTVIDEO_CUTE_SM100_FWD64_TEST_VARIANTS", "simple").split(",") if v]
+
+
+@pytest.fixture(autouse=True, params=_TEST_VARIANTS)
+def variant(request, monkeypatch):
+    """Every test runs on each variant under test (see _TEST_VARIANTS)."""
+    monkeypatch.setenv("FASTVIDEO_CUTE_SM100_FWD64_KERNEL", request.param)
+    return request.param
 
 
 @pytest.fixture(autouse=True)
