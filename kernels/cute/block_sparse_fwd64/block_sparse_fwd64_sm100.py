@@ -505,9 +505,13 @@ class BlockSparseFwd64Sm100:
         inv, lse, empty = finalize_row(row_max, row_sum, scale_log2)
         grow = query * BLOCK + row
         mLSE[grow] = lse
+        # This row of O, addressed in 64 bits (grow * 128 passes 2**31 past 16M rows).
+        row_ptr = mO.iterator + cutlass.Int64(grow) * HEAD_DIM
+        row_ptr = cute.make_ptr(self.dtype, row_ptr.toint(), cute.AddressSpace.gmem, assumed_align=16)
+        gO_row = cute.make_tensor(row_ptr, cute.make_layout(HEAD_DIM))
         for i in cutlass.range_constexpr(cute.size(acc_O)):
             val = Float32(0.0) if empty else acc_O[i] * inv
-            mO[grow, tOcO_t2r[i][1]] = val.to(self.dtype)
+            gO_row[tOcO_t2r[i][1]] = val.to(self.dtype)
 
     # ------------------------------------------------------------------ compilation
     def fake_args(self) -> tuple:
