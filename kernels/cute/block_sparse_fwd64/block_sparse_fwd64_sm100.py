@@ -31,7 +31,16 @@ How (correctness first; the simplest exact tcgen05 structure):
     columns 128-255, loaded back and accumulated as ``O = O * alpha + O_j`` in registers;
   - the epilogue normalises and writes O (bf16) and the LSE (fp32) from registers;
   - the masking and softmax/LSE math is ``softmax_math.py``: arch-independent code that also
-    builds for sm_90a, where its probe kernel runs (so that part is testable on an H200).
+    builds for sm_90a, where its probe kernel runs (so that part is testable on an H200);
+  - variant ``overlap=True``: S double-buffered (TMEM columns 0-63 / 64-127) and the next
+    block's QK issued right after this block's PV (see :meth:`mma_warp_loop_overlap`).
+
+Hand-offs (mbarriers): ``q``/``kv[2]`` (TMA transaction bytes), ``s`` and ``o`` (tcgen05.commit
+after QK / PV), ``p`` (64 softmax-thread arrivals: P written, V padding zeroed, S read, the
+previous O read). Every wait's parity is the block counter's, which both sides advance over the
+same entries (those with valid keys), so a selection entry with 0 valid keys costs no load.
+
+UNVERIFIED ON HARDWARE: compiled and SASS-checked on a CPU box only (no sm_100 GPU lent).
 
 Shared memory: Q 32 KB + K 2 x 16 KB + V 2 x 16 KB + P 16 KB + barriers = 112 KB + 128 B
 (two CTAs per SM); TMEM: 256 columns (two CTAs per SM).
@@ -55,7 +64,7 @@ from .softmax_math import finalize_row, mask_keys, online_softmax_update
 BLOCK = 64
 HEAD_DIM = 128
 MMA_M = 128  # tcgen05 cta_group::1 tile rows; rows 64-127 are computed and discarded
-TMEM_COLS = 256  # S: columns 0-63, O_j: columns 128-255
+TMEM_COLS = 256  # S: columns 0-63 (overlap: and 64-127), O_j: columns 128-255
 TMEM_O_OFFSET = 128
 
 # Launch limits; fastvideo_cute/adapters/cute_sm100_fwd.py mirrors them in its support predicate.
