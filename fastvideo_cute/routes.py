@@ -100,9 +100,15 @@ def call_info(q: torch.Tensor, k: torch.Tensor, block_size: int, need_grad: bool
 def _cute_preferences(info: CallInfo) -> List[str]:
     """CuTe backends to try, best first, for this call: FA4 block sparsity on sm_90/sm_100, our
     own mma.sync + TMA forward on sm_120/121 (FA4 has no block sparsity there). The sm120 kernel
-    also runs on sm_90, but only when named (FASTVIDEO_VSA_BACKEND=sm120)."""
+    also runs on sm_90, but only when named (FASTVIDEO_VSA_BACKEND=sm120); the sm100 (tcgen05,
+    64-token) kernels only when named until they are verified on hardware."""
     if info.arch is not None and info.arch[0] == 12:
         return ["sm120"]
+    if info.arch is not None and info.arch[0] == 10:
+        from .backends.sm100_backend import verified_on_hardware
+
+        # Our tcgen05 64-token kernels join only once a 10.x GPU has passed their tests.
+        return ["fa4", "sm100"] if verified_on_hardware() else ["fa4"]
     return ["fa4"]
 
 

@@ -127,3 +127,28 @@ def test_sm120_kernel_serves_vsa_inference_when_named(monkeypatch):
         fvc.block_sparse_attn_128(q, k, v, m, sizes)
     with pytest.raises(RouteError, match="inference only"):
         fvc.video_sparse_attn(q.requires_grad_(True), k, v, sizes, sizes, topk, block_size=(2, 8, 8))
+
+
+def test_sm100_tcgen05_64_token_fwd_bwd_when_named(monkeypatch):
+    """Our tcgen05 64-token kernels through the API (by name: they are unverified on hardware
+    until this passes on a compute-capability 10.0 GPU)."""
+    if tuple(torch.cuda.get_device_capability()) != (10, 0):
+        pytest.skip("sm_100 only")
+    monkeypatch.setenv("FASTVIDEO_VSA_BACKEND", "sm100")
+    monkeypatch.delenv("FASTVIDEO_VSA_CUTEDSL", raising=False)
+    torch.manual_seed(17)
+    h, nb = 2, 8
+    q, k, v = (torch.randn(1, h, nb * 64, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+               for _ in range(3))
+    sizes = torch.tensor([64, 64, 17, 64, 0, 64, 64, 33], dtype=torch.int32, device="cuda")
+    block_map = torch.rand(1, h, nb, nb, device="cuda") < 0.4
+    block_map[0, 0, 3] = False
+    out, lse = fvc.block_sparse_attn(q, k, v, block_map, sizes)
+    ref, ref_lse = block_sparse_attn_reference(q, k, v, block_map, sizes, 64)
+    dout = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    refg = torch.autograd.grad(ref, (q, k, v), dout.float())
+    errs = [_nerr(out, ref)] + [_nerr(g, r) for g, r in zip(grads, refg)]
+    print(f"\n[sm100 64] out={errs[0]:.2e} dq={errs[1]:.2e} dk={errs[2]:.2e} dv={errs[3]:.2e}")
+    assert errs[0] < OUT_TOL and max(errs[1:]) < GRAD_TOL
+    assert torch.equal(torch.isneginf(lse), ~torch.isfinite(ref_lse))

@@ -93,3 +93,39 @@ def test_experimental_sm120_variant_needs_explicit_opt_in(monkeypatch):
     t = torch.empty(0)
     with pytest.raises(RuntimeError, match="experimental"):
         cute_sm120.sm120_block_sparse_fwd(t, t, t, t, t, t, variant="ws")
+
+
+def test_sm100_64_token_kernels_only_by_name_until_verified(monkeypatch):
+    from fastvideo_cute.backends import sm100_backend
+
+    info = _with(arch=(10, 0), block_size=64, need_grad=True, need_lse=True, q_len=4096, kv_len=4096)
+    monkeypatch.setenv("FASTVIDEO_VSA_CUTEDSL", "1")
+    if not sm100_backend.verified_on_hardware():
+        assert select_route(info).name == "triton"  # FA4 cannot serve 64-token tiles on sm_100
+    monkeypatch.delenv("FASTVIDEO_VSA_CUTEDSL")
+    monkeypatch.setenv("FASTVIDEO_VSA_BACKEND", "sm100")
+    assert select_route(info).name == "sm100"
+
+
+@pytest.mark.parametrize("change,words", [
+    (dict(block_size=128), "64-token blocks only"),
+    (dict(arch=(9, 0)), "targets compute capability 10.0"),
+    (dict(arch=(10, 3)), "targets compute capability 10.0"),  # the backward is sm_100a only (seed 000)
+    (dict(q_len=64 * 63, kv_len=64 * 63), "even number of 64-token blocks"),
+    (dict(dtype=torch.float16), "bfloat16 only"),
+    (dict(kv_len=8192), "q_len == kv_len"),
+])
+def test_sm100_support_refuses_with_reason(change, words):
+    from fastvideo_cute.backends import BACKENDS
+
+    info = _with(**{**dict(arch=(10, 0), block_size=64, need_grad=True, need_lse=True, q_len=4096,
+                           kv_len=4096), **change})
+    ok, reason = BACKENDS["sm100"].support(info)
+    assert not ok and words in reason
+
+
+def test_sm100_forward_alone_also_serves_sm103():
+    from fastvideo_cute.backends import BACKENDS
+
+    ok, _ = BACKENDS["sm100"].support(_with(arch=(10, 3), block_size=64, need_grad=False, q_len=4096, kv_len=4096))
+    assert ok

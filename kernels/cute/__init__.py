@@ -89,6 +89,13 @@ REGISTRY: Tuple[CuteKernelSpec, ...] = (
 )
 
 
+# The 64-token backward chain (preprocess/postprocess for sm_90a/sm_100a/sm_103a, the tcgen05 main
+# kernel for sm_100a/sm_103a); its package imports CuteKernelSpec from here, so it comes last.
+from .block_sparse_bwd64 import REGISTRY_ENTRIES as _BWD64_ENTRIES  # noqa: E402
+
+REGISTRY = REGISTRY + tuple(_BWD64_ENTRIES)
+
+
 def find(name: str) -> CuteKernelSpec:
     for spec in REGISTRY:
         if spec.name == name:
