@@ -27,13 +27,14 @@ tests/kernels/cute/test_block_sparse_bwd64_gpu.py has passed; routes should not 
 from __future__ import annotations
 
 import functools
-import importlib.util
 import math
 import os
 import warnings
 from typing import Dict, Optional, Tuple
 
 import torch
+
+from ._checks import check_block_lists, check_bhsd_bf16, cute_dsl_importable
 
 __all__ = [
     "BLOCK",
@@ -69,12 +70,6 @@ COMMON_CAPABILITIES = {(9, 0): "sm_90a", (10, 0): "sm_100a", (10, 3): "sm_103a"}
 MAIN_CAPABILITIES = {(10, 0): "sm_100a"}
 
 OPT_IN_ENV = "FASTVIDEO_CUTE_SM100_BWD"
-_INT_DTYPES = (torch.int32, torch.int64, torch.int16)
-
-
-@functools.lru_cache(maxsize=None)
-def _cute_dsl_importable() -> bool:
-    return importlib.util.find_spec("cutlass") is not None and importlib.util.find_spec("cuda") is not None
 
 
 def main_kernel_available(arch: str = "sm_100a") -> bool:
@@ -89,26 +84,7 @@ def _capability(t: torch.Tensor):
 
 
 def _check_activations(q, k, v, out, dout) -> Tuple[bool, str]:
-    for name, t in (("q", q), ("k", k), ("v", v), ("out", out), ("dout", dout)):
-        if not isinstance(t, torch.Tensor):
-            return False, f"{name} is not a tensor"
-        if not t.is_cuda:
-            return False, f"{name} is not a CUDA tensor"
-        if t.dtype != torch.bfloat16:
-            return False, f"{name} must be bfloat16, got {t.dtype}"
-        if t.dim() != 4:
-            return False, f"{name} must be [B, H, S, {HEAD_DIM}], got {tuple(t.shape)}"
-        if not t.is_contiguous():
-            return False, f"{name} must be contiguous (BHSD)"
-        if t.data_ptr() % 16 != 0:
-            return False, f"{name} must be 16-byte aligned"
-        if t.device != q.device:
-            return False, f"{name} is on {t.device}, q on {q.device}"
-        if t.shape != q.shape:
-            return False, f"{name} has shape {tuple(t.shape)}, q {tuple(q.shape)}"
-    if q.shape[-1] != HEAD_DIM:
-        return False, f"head_dim must be {HEAD_DIM}, got {q.shape[-1]}"
-    return True, ""
+    return check_bhsd_bf16((("q", q), ("k", k), ("v", v), ("out", out), ("dout", dout)), HEAD_DIM)
 
 
 def _check_meta(q, lse, k2q_idx, k2q_num, kv_block_sizes) -> Tuple[bool, str]:
@@ -119,25 +95,14 @@ def _check_meta(q, lse, k2q_idx, k2q_num, kv_block_sizes) -> Tuple[bool, str]:
         return False, f"lse must be [B, H, S] = {(batch, heads, seq)}, got {tuple(lse.shape)}"
     if lse.device != q.device:
         return False, f"lse is on {lse.device}, q on {q.device}"
-    for name, t in (("k2q_idx", k2q_idx), ("k2q_num", k2q_num), ("kv_block_sizes", kv_block_sizes)):
-        if t is None and name == "k2q_idx":  # the common stages take no k2q_idx
-            continue
-        if not isinstance(t, torch.Tensor) or t.dtype not in _INT_DTYPES:
-            return False, f"{name} must be an integer tensor"
-        if t.device != q.device:
-            return False, f"{name} is on {t.device}, q on {q.device}"
-    if kv_block_sizes.dim() != 1:
-        return False, f"kv_block_sizes must be [nb], got {tuple(kv_block_sizes.shape)}"
+    if not isinstance(kv_block_sizes, torch.Tensor) or kv_block_sizes.dim() != 1:
+        return False, f"kv_block_sizes must be [nb], got {getattr(kv_block_sizes, 'shape', None)}"
     nb = kv_block_sizes.numel()
     if nb < 1 or nb % 2 != 0:
         return False, f"the number of kv blocks must be even and >= 2 (seed 000's preprocess), got {nb}"
-    if seq != BLOCK * nb:
-        return False, f"seqlen {seq} must equal num_kv_blocks ({nb}) * {BLOCK}"
-    if k2q_idx is not None and (k2q_idx.dim() != 4 or tuple(k2q_idx.shape[:3]) != (batch, heads, nb)
-                                or k2q_idx.shape[3] < 1):
-        return False, f"k2q_idx must be [{batch}, {heads}, {nb}, max_q_blocks >= 1], got {tuple(k2q_idx.shape)}"
-    if tuple(k2q_num.shape) != (batch, heads, nb):
-        return False, f"k2q_num must be [{batch}, {heads}, {nb}], got {tuple(k2q_num.shape)}"
+    ok, reason = check_block_lists(q, "k2q_idx", k2q_idx, "k2q_num", k2q_num, kv_block_sizes, BLOCK, min_width=1)
+    if not ok:
+        return False, reason
     if batch * heads * seq > MAX_ROWS or (k2q_idx is not None and k2q_idx.numel() > MAX_ROWS):
         return False, f"exceeds the launch limits: B*H*S and the k2q list size must be <= {MAX_ROWS}"
     return True, ""
@@ -155,7 +120,7 @@ def sm100_bwd64_support(q, k, v, out, dout, lse, k2q_idx, k2q_num, kv_block_size
     ok, reason = _check_meta(q, lse, k2q_idx, k2q_num, kv_block_sizes)
     if not ok:
         return ok, reason
-    if not _cute_dsl_importable():
+    if not cute_dsl_importable():
         return False, "the CuTe DSL (nvidia-cutlass-dsl, cuda-bindings) is not installed"
     if not main_kernel_available(MAIN_CAPABILITIES[cap]):
         return False, "the tcgen05 main kernel (block_sparse_bwd64_sm100) is not available yet"
@@ -171,7 +136,7 @@ def sm100_bwd64_common_support(out, dout, lse, k2q_num, kv_block_sizes) -> Tuple
     cap = _capability(out)
     if cap not in COMMON_CAPABILITIES:
         return False, f"needs compute capability 9.0, 10.0 or 10.3, got {cap}"
-    if not _cute_dsl_importable():
+    if not cute_dsl_importable():
         return False, "the CuTe DSL (nvidia-cutlass-dsl, cuda-bindings) is not installed"
     return _check_meta(out, lse, None, k2q_num, kv_block_sizes)
 

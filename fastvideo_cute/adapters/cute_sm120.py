@@ -24,11 +24,12 @@ The launch limits (grid y, int32 TMA rows, int32 list offsets) are checked by
 from __future__ import annotations
 
 import functools
-import importlib.util
 import os
 from typing import Optional, Tuple
 
 import torch
+
+from ._checks import check_block_lists, check_bhsd_bf16, cute_dsl_importable, device_arch
 
 __all__ = [
     "BLOCK",
@@ -57,14 +58,9 @@ MAX_INDEX_ELEMS = 2**31 - 1  # B * H * T * max_kv: int32 offsets into q2k_idx
 # compute capability -> the arch string the kernel is compiled for
 SUPPORTED_CAPABILITIES = {(9, 0): "sm_90a", (12, 0): "sm_120a", (12, 1): "sm_121a"}
 
-_INT_DTYPES = (torch.int32, torch.int64, torch.int16, torch.uint8)
-
-
 def sm120_arch(device: torch.device) -> Optional[str]:
     """The kernel's target arch for this device ("sm_121a", "sm_120a", "sm_90a"), else None."""
-    if device.type != "cuda" or not torch.cuda.is_available():
-        return None
-    return SUPPORTED_CAPABILITIES.get(torch.cuda.get_device_capability(device))
+    return device_arch(device, SUPPORTED_CAPABILITIES)
 
 
 def sm120_within_launch_limits(batch: int, heads: int, seq: int, num_blocks: int, max_kv: int) -> bool:
@@ -75,11 +71,6 @@ def sm120_within_launch_limits(batch: int, heads: int, seq: int, num_blocks: int
         and batch_heads * seq <= MAX_ROWS
         and batch_heads * num_blocks * max(max_kv, 1) <= MAX_INDEX_ELEMS
     )
-
-
-@functools.lru_cache(maxsize=None)
-def _cute_dsl_importable() -> bool:
-    return importlib.util.find_spec("cutlass") is not None and importlib.util.find_spec("cuda") is not None
 
 
 def sm120_fwd_support(
@@ -93,46 +84,20 @@ def sm120_fwd_support(
     """``(True, "")`` iff :func:`sm120_block_sparse_fwd` can run these tensors here, else
     ``(False, reason)``. Static facts only (device, dtypes, shapes, layout, launch limits): it
     never reads tensor values, so it never synchronizes with the GPU."""
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor):
-            return False, f"{name} is not a tensor"
-        if not t.is_cuda:
-            return False, f"{name} is not a CUDA tensor"
-        if t.dtype != torch.bfloat16:
-            return False, f"{name} must be bfloat16, got {t.dtype}"
-        if t.dim() != 4:
-            return False, f"{name} must be [B, H, S, {HEAD_DIM}], got {tuple(t.shape)}"
-        if not t.is_contiguous():
-            return False, f"{name} must be contiguous (BHSD)"
-        if t.data_ptr() % 16 != 0:
-            return False, f"{name} must be 16-byte aligned (TMA)"
-        if t.device != q.device:
-            return False, f"{name} is on {t.device}, q on {q.device}"
-    if k.shape != q.shape or v.shape != q.shape:
-        return False, f"q, k, v must have one shape, got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
-    batch, heads, seq, dim = q.shape
-    if dim != HEAD_DIM:
-        return False, f"head_dim must be {HEAD_DIM}, got {dim}"
+    ok, reason = check_bhsd_bf16((("q", q), ("k", k), ("v", v)), HEAD_DIM)
+    if not ok:
+        return False, reason
+    batch, heads, seq, _ = q.shape
     arch = sm120_arch(q.device)
     if arch is None:
         return False, (f"needs sm_90, sm_120 or sm_121, got compute capability "
                        f"{torch.cuda.get_device_capability(q.device) if q.is_cuda else None}")
-    if not _cute_dsl_importable():
+    if not cute_dsl_importable():
         return False, "the CuTe DSL (nvidia-cutlass-dsl, cuda-bindings) is not installed"
-    for name, t in (("q2k_idx", q2k_idx), ("q2k_num", q2k_num), ("kv_block_sizes", kv_block_sizes)):
-        if not isinstance(t, torch.Tensor) or t.dtype not in _INT_DTYPES:
-            return False, f"{name} must be an integer tensor"
-        if t.device != q.device:
-            return False, f"{name} is on {t.device}, q on {q.device}"
-    if kv_block_sizes.dim() != 1:
-        return False, f"kv_block_sizes must be [T], got {tuple(kv_block_sizes.shape)}"
+    ok, reason = check_block_lists(q, "q2k_idx", q2k_idx, "q2k_num", q2k_num, kv_block_sizes, BLOCK)
+    if not ok:
+        return False, reason
     blocks = kv_block_sizes.numel()
-    if blocks == 0 or seq != blocks * BLOCK:
-        return False, f"seqlen {seq} must equal num_blocks ({blocks}) * {BLOCK}"
-    if q2k_idx.dim() != 4 or tuple(q2k_idx.shape[:3]) != (batch, heads, blocks):
-        return False, f"q2k_idx must be [{batch}, {heads}, {blocks}, max_kv], got {tuple(q2k_idx.shape)}"
-    if tuple(q2k_num.shape) != (batch, heads, blocks):
-        return False, f"q2k_num must be [{batch}, {heads}, {blocks}], got {tuple(q2k_num.shape)}"
     if not sm120_within_launch_limits(batch, heads, seq, blocks, q2k_idx.shape[3]):
         return False, (f"exceeds the launch limits: batch*heads <= {MAX_BATCH_HEADS}, batch*heads*seqlen <= "
                        f"{MAX_ROWS}, batch*heads*num_blocks*max_kv <= {MAX_INDEX_ELEMS}")
