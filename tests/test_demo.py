@@ -2,7 +2,13 @@
 
 import re
 
+import torch
+
 from fastvideo_cute import demo
+
+# CPU: fp16 on the Triton interpreter, measured max abs error ~1e-3 -> bound 1e-2. GPU: bf16
+# (unit roundoff 3.9e-3, values and gradients of magnitude up to ~4 here) -> bound 4e-2.
+BOUND = 4e-2 if torch.cuda.is_available() else 1e-2
 
 
 def test_demo_runs_and_matches_the_reference(capsys):
@@ -11,4 +17,4 @@ def test_demo_runs_and_matches_the_reference(capsys):
     assert "route: triton" in text
     errors = [float(x) for x in re.findall(r"= ([0-9.e+-]+)$", text, flags=re.M)]
     assert len(errors) == 5  # forward + dq, dk, dv, dgate
-    assert max(errors) < 1e-2  # fp16 on the interpreter (bf16 on GPU); measured ~1e-3
+    assert max(errors) < BOUND
