@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-from typing import Iterable, Mapping, Optional, Tuple
+from typing import Iterable, Mapping, NamedTuple, Optional, Tuple
 
 import torch
 
@@ -80,4 +80,42 @@ def check_block_lists(q: torch.Tensor, idx_name: str, idx: Optional[torch.Tensor
         return False, f"{idx_name} must be [{batch}, {heads}, {blocks}, width >= {min_width}], got {tuple(idx.shape)}"
     if tuple(num.shape) != (batch, heads, blocks):
         return False, f"{num_name} must be [{batch}, {heads}, {blocks}], got {tuple(num.shape)}"
+    return True, ""
+
+
+class LaunchLimits(NamedTuple):
+    """What one launch of a list-driven forward covers: grid y (batch*heads), int32 row
+    coordinates (batch*heads*seqlen) and int32 offsets into the index lists."""
+
+    max_batch_heads: int
+    max_rows: int
+    max_index_elems: int
+
+    def fits(self, batch: int, heads: int, seq: int, num_blocks: int, max_kv: int) -> bool:
+        bh = batch * heads
+        return bh <= self.max_batch_heads and bh * seq <= self.max_rows and \
+            bh * num_blocks * max(max_kv, 1) <= self.max_index_elems
+
+    def describe(self) -> str:
+        return (f"exceeds the launch limits: batch*heads <= {self.max_batch_heads}, batch*heads*seqlen <= "
+                f"{self.max_rows}, batch*heads*num_blocks*max_kv <= {self.max_index_elems}")
+
+
+def check_list_forward(q, k, v, q2k_idx, q2k_num, kv_block_sizes, *, head_dim: int, block: int,
+                       capabilities: Mapping[Tuple[int, int], str], arch_hint: str,
+                       limits: LaunchLimits) -> Verdict:
+    """The whole static support predicate of a q2k-list-driven forward kernel (BHSD bf16)."""
+    ok, reason = check_bhsd_bf16((("q", q), ("k", k), ("v", v)), head_dim)
+    if not ok:
+        return False, reason
+    if device_arch(q.device, capabilities) is None:
+        return False, f"needs {arch_hint}, got compute capability {torch.cuda.get_device_capability(q.device)}"
+    if not cute_dsl_importable():
+        return False, "the CuTe DSL (nvidia-cutlass-dsl, cuda-bindings) is not installed"
+    ok, reason = check_block_lists(q, "q2k_idx", q2k_idx, "q2k_num", q2k_num, kv_block_sizes, block)
+    if not ok:
+        return False, reason
+    batch, heads, seq, _ = q.shape
+    if not limits.fits(batch, heads, seq, kv_block_sizes.numel(), q2k_idx.shape[3]):
+        return False, limits.describe()
     return True, ""

@@ -33,7 +33,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from ._checks import check_block_lists, check_bhsd_bf16, cute_dsl_importable, device_arch
+from ._checks import LaunchLimits, check_list_forward, device_arch
 
 __all__ = [
     "BLOCK",
@@ -85,19 +85,18 @@ def default_variant() -> str:
         raise ValueError(f"{_VARIANT_ENV}={variant!r}: expected one of {VARIANTS}")
     return variant
 
+
 def sm100_fwd64_arch(device: torch.device) -> Optional[str]:
     """The kernel's target arch for this device ("sm_100a", "sm_103a"), else None."""
     return device_arch(device, SUPPORTED_CAPABILITIES)
 
 
+_LIMITS = LaunchLimits(MAX_BATCH_HEADS, MAX_ROWS, MAX_INDEX_ELEMS)
+
+
 def sm100_fwd64_within_launch_limits(batch: int, heads: int, seq: int, num_blocks: int, max_kv: int) -> bool:
     """True iff one launch covers the call (the size-dependent part of the support predicate)."""
-    batch_heads = batch * heads
-    return (
-        batch_heads <= MAX_BATCH_HEADS
-        and batch_heads * seq <= MAX_ROWS
-        and batch_heads * num_blocks * max(max_kv, 1) <= MAX_INDEX_ELEMS
-    )
+    return _LIMITS.fits(batch, heads, seq, num_blocks, max_kv)
 
 
 def sm100_fwd64_support(
@@ -111,24 +110,9 @@ def sm100_fwd64_support(
     """``(True, "")`` iff :func:`sm100_block_sparse_fwd64` can run these tensors here, else
     ``(False, reason)``. Static facts only (device, dtypes, shapes, layout, launch limits): it
     never reads tensor values, so it never synchronizes with the GPU."""
-    ok, reason = check_bhsd_bf16((("q", q), ("k", k), ("v", v)), HEAD_DIM)
-    if not ok:
-        return False, reason
-    batch, heads, seq, _ = q.shape
-    arch = sm100_fwd64_arch(q.device)
-    if arch is None:
-        return False, (f"needs sm_100 or sm_103 (compute capability 10.0/10.3), got "
-                       f"{torch.cuda.get_device_capability(q.device) if q.is_cuda else None}")
-    if not cute_dsl_importable():
-        return False, "the CuTe DSL (nvidia-cutlass-dsl, cuda-bindings) is not installed"
-    ok, reason = check_block_lists(q, "q2k_idx", q2k_idx, "q2k_num", q2k_num, kv_block_sizes, BLOCK)
-    if not ok:
-        return False, reason
-    blocks = kv_block_sizes.numel()
-    if not sm100_fwd64_within_launch_limits(batch, heads, seq, blocks, q2k_idx.shape[3]):
-        return False, (f"exceeds the launch limits: batch*heads <= {MAX_BATCH_HEADS}, batch*heads*seqlen <= "
-                       f"{MAX_ROWS}, batch*heads*num_blocks*max_kv <= {MAX_INDEX_ELEMS}")
-    return True, ""
+    return check_list_forward(q, k, v, q2k_idx, q2k_num, kv_block_sizes, head_dim=HEAD_DIM, block=BLOCK,
+                              capabilities=SUPPORTED_CAPABILITIES,
+                              arch_hint="sm_100 or sm_103 (compute capability 10.0/10.3)", limits=_LIMITS)
 
 
 @functools.lru_cache(maxsize=None)

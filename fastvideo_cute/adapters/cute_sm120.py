@@ -29,7 +29,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from ._checks import check_block_lists, check_bhsd_bf16, cute_dsl_importable, device_arch
+from ._checks import LaunchLimits, check_list_forward, device_arch
 
 __all__ = [
     "BLOCK",
@@ -58,19 +58,18 @@ MAX_INDEX_ELEMS = 2**31 - 1  # B * H * T * max_kv: int32 offsets into q2k_idx
 # compute capability -> the arch string the kernel is compiled for
 SUPPORTED_CAPABILITIES = {(9, 0): "sm_90a", (12, 0): "sm_120a", (12, 1): "sm_121a"}
 
+
 def sm120_arch(device: torch.device) -> Optional[str]:
     """The kernel's target arch for this device ("sm_121a", "sm_120a", "sm_90a"), else None."""
     return device_arch(device, SUPPORTED_CAPABILITIES)
 
 
+_LIMITS = LaunchLimits(MAX_BATCH_HEADS, MAX_ROWS, MAX_INDEX_ELEMS)
+
+
 def sm120_within_launch_limits(batch: int, heads: int, seq: int, num_blocks: int, max_kv: int) -> bool:
     """True iff one launch covers the call (the size-dependent part of the support predicate)."""
-    batch_heads = batch * heads
-    return (
-        batch_heads <= MAX_BATCH_HEADS
-        and batch_heads * seq <= MAX_ROWS
-        and batch_heads * num_blocks * max(max_kv, 1) <= MAX_INDEX_ELEMS
-    )
+    return _LIMITS.fits(batch, heads, seq, num_blocks, max_kv)
 
 
 def sm120_fwd_support(
@@ -84,24 +83,9 @@ def sm120_fwd_support(
     """``(True, "")`` iff :func:`sm120_block_sparse_fwd` can run these tensors here, else
     ``(False, reason)``. Static facts only (device, dtypes, shapes, layout, launch limits): it
     never reads tensor values, so it never synchronizes with the GPU."""
-    ok, reason = check_bhsd_bf16((("q", q), ("k", k), ("v", v)), HEAD_DIM)
-    if not ok:
-        return False, reason
-    batch, heads, seq, _ = q.shape
-    arch = sm120_arch(q.device)
-    if arch is None:
-        return False, (f"needs sm_90, sm_120 or sm_121, got compute capability "
-                       f"{torch.cuda.get_device_capability(q.device) if q.is_cuda else None}")
-    if not cute_dsl_importable():
-        return False, "the CuTe DSL (nvidia-cutlass-dsl, cuda-bindings) is not installed"
-    ok, reason = check_block_lists(q, "q2k_idx", q2k_idx, "q2k_num", q2k_num, kv_block_sizes, BLOCK)
-    if not ok:
-        return False, reason
-    blocks = kv_block_sizes.numel()
-    if not sm120_within_launch_limits(batch, heads, seq, blocks, q2k_idx.shape[3]):
-        return False, (f"exceeds the launch limits: batch*heads <= {MAX_BATCH_HEADS}, batch*heads*seqlen <= "
-                       f"{MAX_ROWS}, batch*heads*num_blocks*max_kv <= {MAX_INDEX_ELEMS}")
-    return True, ""
+    return check_list_forward(q, k, v, q2k_idx, q2k_num, kv_block_sizes, head_dim=HEAD_DIM, block=BLOCK,
+                              capabilities=SUPPORTED_CAPABILITIES, arch_hint="sm_90, sm_120 or sm_121",
+                              limits=_LIMITS)
 
 
 # Kernel variants of one contract: "simple" (one group of 8 MMA warps plus a TMA producer warp;

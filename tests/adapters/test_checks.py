@@ -43,3 +43,14 @@ def test_block_list_checks(fake):
     ok, why = check_block_lists(q, "q2k_idx", fake(1, 2, 2, 2), "q2k_num", num, sizes, 128)
     assert not ok and "q2k_idx must be an integer tensor" in why
     assert check_block_lists(q, "k2q_idx", None, "k2q_num", num, sizes, 128) == (True, "")
+
+
+def test_launch_limits():
+    from fastvideo_cute.adapters._checks import LaunchLimits
+
+    lim = LaunchLimits(max_batch_heads=100, max_rows=10_000, max_index_elems=5_000)
+    assert lim.fits(2, 10, 256, 4, 4)
+    assert not lim.fits(11, 10, 8, 1, 1)  # grid y
+    assert not lim.fits(1, 10, 2048, 4, 4)  # rows
+    assert not lim.fits(1, 10, 256, 40, 40)  # index elements
+    assert "launch limits" in lim.describe()
