@@ -57,6 +57,17 @@ def sass_counts(sass: str) -> Dict[str, int]:
     return collections.Counter(_OPCODE_RE.findall(sass))
 
 
+def sass_is_for_arch(sass: str, arch: str) -> bool:
+    """Whether disassembled SASS was built for ``arch`` ("sm_90a", "sm_100a", ...). Disassemblers
+    differ: some print ``.target sm_90a``, others only the ELF header flags (``EF_CUDA_SM90``, and
+    ``EF_CUDA_ACCELERATORS`` for an arch-specific "a" target)."""
+    if f".target\t{arch}" in sass or f".target {arch}" in sass:
+        return True
+    digits = arch[len("sm_"):].rstrip("af")
+    flags = re.findall(r"EF_CUDA_[A-Z_0-9]+", sass)
+    return f"EF_CUDA_SM{digits}" in flags and (not arch.endswith("a") or "EF_CUDA_ACCELERATORS" in flags)
+
+
 def _count_prefix(counts: Dict[str, int], prefix: str) -> int:
     return sum(n for op, n in counts.items() if op == prefix or op.startswith(prefix + "."))
 
@@ -116,8 +127,9 @@ def check_kernel(spec, arch: str, keep_dir: Optional[str] = None) -> Tuple[bool,
     shown = " ".join(f"{op}={_count_prefix(counts, op)}" for op in SASS_COUNTED)
     line = (f"{head} {secs:6.1f}s regs={regs if regs is not None else '?'} "
             f"spill={stack if stack is not None else '?'}B {shown}")
-    if missing or present:
-        why = []
+    wrong_arch = not sass_is_for_arch(dis.stdout, arch)
+    if missing or present or wrong_arch:
+        why = ["cubin is not for " + arch] if wrong_arch else []
         if missing:
             why.append(f"lacks {', '.join(missing)}")
         if present:
