@@ -4,6 +4,9 @@
 Routes (the public API, route picked per call by env vars read at call time):
   triton  FASTVIDEO_VSA_TRITON=1   -> fastvideo_cute.block_sparse_attn{,_128,_256}[_bshd]
   cute    FASTVIDEO_VSA_CUTEDSL=1  -> same functions; the route actually taken is recorded
+  sm120   our mma.sync + TMA forward (FASTVIDEO_VSA_BACKEND=sm120), forward only, 128/256 blocks,
+          one entry per kernel variant (--sm120-variants), through the op video_sparse_attn's
+          sparse branch calls (no LSE), map_to_index included
 Peers:
   sdpa-flash / sdpa-cudnn  torch SDPA, dense, with that backend forced (torch.nn.attention.sdpa_kernel)
   flex                     torch FlexAttention (compiled) with an equivalent BlockMask
@@ -47,7 +50,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-ROUTES = ("triton", "cute")
+ROUTES = ("triton", "cute", "sm120")
 PEERS = ("sdpa-flash", "sdpa-cudnn", "flex", "fa4-dense", "fa4-bsparse")
 MODES = ("fwd", "bwd")
 BWD_FLOP_FACTOR = 2.5
@@ -72,7 +75,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="logical block sizes (q and kv)")
     p.add_argument("--sparsity", type=float, nargs="+", default=[0.875],
                    help="fraction of kv blocks each q block skips; topk = round((1-s)*KVb), at least 1")
-    p.add_argument("--routes", nargs="*", default=list(ROUTES), choices=ROUTES)
+    p.add_argument("--routes", nargs="*", default=["triton", "cute"], choices=ROUTES,
+                   help="library routes (sm120 is opt-in: on sm_90 it is a verification target)")
+    p.add_argument("--sm120-variants", nargs="+", default=["simple"],
+                   help="kernel variants the sm120 route runs (kernels/cute/block_sparse_fwd128 VARIANTS)")
     p.add_argument("--peers", nargs="*", default=list(PEERS), choices=PEERS)
     p.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
@@ -459,6 +465,44 @@ class Runner:
         except Exception:
             return None
 
+    def run_sm120(self, case: Case, mode: str) -> None:
+        """The sm120 route, one entry per kernel variant: the library op with need_lse=False (what
+        video_sparse_attn's sparse branch calls), backend named, so nothing falls back silently."""
+        torch = self.torch
+        for variant in self.args.sm120_variants:
+            def go(variant=variant):
+                if mode != "fwd":
+                    raise _Skip("inference only (no backward)")
+                if case.block not in (128, 256):
+                    raise _Skip("128- and 256-token blocks only")
+                from fastvideo_cute.ops import block_sparse_attn_op
+
+                bshd = self.args.layout == "bshd"
+                q, k, v = (case.bshd(t) if bshd else t for t in (case.q, case.k, case.v))
+                env = {"FASTVIDEO_VSA_CUTEDSL": "1", "FASTVIDEO_VSA_BACKEND": "sm120",
+                       "FASTVIDEO_CUTE_SM120_KERNEL": variant}
+                saved = {key: os.environ.get(key) for key in (*env, *ROUTE_ENV.values())}
+                try:
+                    for key in ROUTE_ENV.values():
+                        os.environ.pop(key, None)
+                    os.environ.update(env)
+                    call = lambda: block_sparse_attn_op(q, k, v, case.block_map, case.sizes, block_size=case.block,
+                                                         bshd=bshd, sm_scale=q.shape[-1] ** -0.5, need_lse=False)
+                    with torch.no_grad():
+                        ms = self.bench(call)
+                finally:
+                    for key, val in saved.items():
+                        if val is None:
+                            os.environ.pop(key, None)
+                        else:
+                            os.environ[key] = val
+                from fastvideo_cute.metadata import map_to_index
+
+                meta = self.bench(lambda: map_to_index(case.block_map))
+                return {"ms": ms, "metadata_ms": meta, "served_by": "sm120", "extra": {"variant": variant}}
+
+            self.guarded(case, "route", "sm120" if variant == "simple" else f"sm120[{variant}]", mode, go)
+
     def run_route(self, route: str, case: Case, mode: str) -> None:
         torch = self.torch
 
@@ -609,7 +653,10 @@ def run_benchmark(args) -> dict:
                 case = Case(args, seqlen, block, sparsity, "cuda")
                 for mode in args.modes:
                     for route in args.routes:
-                        runner.run_route(route, case, mode)
+                        if route == "sm120":
+                            runner.run_sm120(case, mode)
+                        else:
+                            runner.run_route(route, case, mode)
                     for peer in args.peers:
                         runner.run_peer(peer, case, mode)
                 del case

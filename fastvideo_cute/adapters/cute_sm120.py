@@ -88,13 +88,16 @@ def sm120_fwd_support(
                               limits=_LIMITS)
 
 
-# Kernel variants of one contract: "simple" (one group of 8 MMA warps plus a TMA producer warp;
-# the default, verified on the H200) and "ws" (seed 004's two warp groups, QK and PV, overlapping
-# through shared memory; EXPERIMENTAL: it compiles for all three archs but hung in its first H200
-# run, so it is used only when asked for by name).
-VARIANTS = ("simple", "ws")
+# Kernel variants of one contract (kernels/cute/block_sparse_fwd128: VARIANTS lists them): "simple"
+# (8 MMA warps + a TMA producer warp; the default), "w4", "w4i", "w4i_nophase" (4 MMA warps of
+# 32 rows; with or without a producer warp) and "ws" (seed 004's two warp groups; EXPERIMENTAL:
+# it hung in its first H200 run, so it is used only when asked for by name with the opt-in).
+from fastvideo_cute.kernels.cute.block_sparse_fwd128 import EXPERIMENTAL_VARIANTS  # noqa: E402 (no CuTe import)
+from fastvideo_cute.kernels.cute.block_sparse_fwd128 import VARIANTS as _KERNEL_VARIANTS  # noqa: E402
+from fastvideo_cute.kernels.cute.block_sparse_fwd128 import registry_name  # noqa: E402
+
+VARIANTS = tuple(_KERNEL_VARIANTS)
 _VARIANT_ENV = "FASTVIDEO_CUTE_SM120_KERNEL"
-EXPERIMENTAL_VARIANTS = ("ws",)
 _EXPERIMENTAL_ENV = "FASTVIDEO_CUTE_ALLOW_EXPERIMENTAL"
 
 
@@ -114,11 +117,10 @@ def compiled_kernel(arch: str, variant: str = "simple"):
         # (The load path is exercised on CPU; a GPU launch of a loaded kernel is not yet verified.)
         from fastvideo_cute.warmup import compile_registry_kernel
 
-        name = {"simple": "block_sparse_fwd128_sm120", "ws": "block_sparse_fwd128_sm120_ws"}[variant]
-        return compile_registry_kernel(name, arch)[0]
-    from fastvideo_cute.kernels.cute.block_sparse_fwd128 import variant_class
+        return compile_registry_kernel(registry_name(variant), arch)[0]
+    from fastvideo_cute.kernels.cute.block_sparse_fwd128 import variant_kernel
 
-    return variant_class(variant)().compile(arch)
+    return variant_kernel(variant).compile(arch)
 
 
 @functools.lru_cache(maxsize=None)
@@ -139,7 +141,7 @@ def sm120_block_sparse_fwd(
     """Block-sparse attention forward, 128-token blocks, inference only (see the module
     docstring). Returns ``out`` (``[B, H, S, 128]`` bf16, allocated if None; every element is
     written). Raises ``ValueError`` naming the reason when :func:`sm120_fwd_support` refuses.
-    ``variant``: "simple" or "ws" (default: ``$FASTVIDEO_CUTE_SM120_KERNEL``, else "simple")."""
+    ``variant``: one of ``VARIANTS`` (default: ``$FASTVIDEO_CUTE_SM120_KERNEL``, else "simple")."""
     variant = default_variant() if variant is None else variant
     if variant not in VARIANTS:
         raise ValueError(f"sm120_block_sparse_fwd: variant must be one of {VARIANTS}, got {variant!r}")

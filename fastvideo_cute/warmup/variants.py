@@ -8,6 +8,8 @@ import hashlib
 import json
 from typing import Dict, Optional, Tuple
 
+from fastvideo_cute.kernels.cute import block_sparse_fwd128 as _fwd128  # variant names only (no CuTe import)
+
 
 def parse_arch(text: str) -> Tuple[int, int]:
     """"sm_90", "sm_90a", "90", "9.0", "sm_121a", "12.1" -> (major, minor)."""
@@ -199,7 +201,7 @@ def variant_key(route: str, w: Workload, direction: str, target: Target) -> Vari
 
 
 #: sm120 adapter variant -> its registry name (``fastvideo_cute.kernels.cute.REGISTRY``)
-SM120_REGISTRY_NAMES = {"simple": "block_sparse_fwd128_sm120", "ws": "block_sparse_fwd128_sm120_ws"}
+SM120_REGISTRY_NAMES = {v: _fwd128.registry_name(v) for v in _fwd128.VARIANTS}
 
 
 def sm120_variant() -> str:

@@ -28,14 +28,15 @@ class CuteKernelSpec:
     build: Callable[[], tuple]  # () -> (jit callable, fake args)
     expect: Tuple[str, ...] = ()  # SASS opcode prefixes that must appear, e.g. "HMMA.16816"
     forbid: Tuple[str, ...] = ()  # SASS opcode prefixes that must not appear
+    max_spill_bytes: int = 0  # the spill the tests accept (measured, per variant)
     notes: str = field(default="", compare=False)
 
 
 def _block_sparse_fwd128(variant: str):
     def build():
-        from .block_sparse_fwd128 import variant_class
+        from .block_sparse_fwd128 import variant_kernel
 
-        kernel = variant_class(variant)()
+        kernel = variant_kernel(variant)
         return kernel, kernel.fake_args()
 
     return build
@@ -59,6 +60,36 @@ REGISTRY: Tuple[CuteKernelSpec, ...] = (
         expect=("HMMA.16816", "UTMALDG"),
         forbid=("HGMMA", "UTCHMMA"),
         notes="VSA forward, 128-token blocks: mma.sync + ldmatrix, TMA K/V rings, one MMA warp group",
+    ),
+    CuteKernelSpec(
+        name="block_sparse_fwd128_sm120_w4",
+        archs=("sm_121a", "sm_120a", "sm_90a"),
+        build=_block_sparse_fwd128("w4"),
+        expect=("HMMA.16816", "UTMALDG"),
+        forbid=("HGMMA", "UTCHMMA"),
+        notes="the same, 4 MMA warps of 32 rows (half the ldmatrix traffic per MMA) + producer warp",
+    ),
+    CuteKernelSpec(
+        name="block_sparse_fwd128_sm120_w4i",
+        archs=("sm_121a", "sm_120a", "sm_90a"),
+        build=_block_sparse_fwd128("w4i"),
+        expect=("HMMA.16816", "UTMALDG"),
+        forbid=("HGMMA", "UTCHMMA"),
+        # measured 8 B (sm_90a) / 24 B (sm_121a, sm_120a) at 254-255 registers: the producer
+        # lane's walk state; 32 B bounds it
+        max_spill_bytes=32,
+        notes="4 MMA warps, no producer warp (lane 0 of warp 0 issues the TMA loads)",
+    ),
+    CuteKernelSpec(
+        name="block_sparse_fwd128_sm120_w4i_nophase",
+        archs=("sm_121a", "sm_120a", "sm_90a"),
+        build=_block_sparse_fwd128("w4i_nophase"),
+        expect=("HMMA.16816", "UTMALDG"),
+        forbid=("HGMMA", "UTCHMMA"),
+        # measured 8 B (sm_90a) / 24 B (sm_121a, sm_120a) at 254-255 registers: the producer
+        # lane's walk state; 32 B bounds it
+        max_spill_bytes=32,
+        notes="w4i without the phased walk (measures the walk's L2 effect)",
     ),
     CuteKernelSpec(
         name="block_sparse_fwd128_sm120_ws",

@@ -128,3 +128,9 @@ def test_plot_without_matplotlib_is_skipped(bench, tmp_path, monkeypatch):
 
     monkeypatch.setattr(builtins, "__import__", no_mpl)
     assert bench.plot_results(_synthetic_payload(bench), tmp_path / "n.png") is None
+
+
+def test_sm120_route_is_opt_in_with_variants(bench):
+    a = bench.parse_args(["--routes", "sm120", "--sm120-variants", "simple", "w4i"])
+    assert a.routes == ["sm120"] and a.sm120_variants == ["simple", "w4i"]
+    assert bench.parse_args([]).sm120_variants == ["simple"]

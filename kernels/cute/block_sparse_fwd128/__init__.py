@@ -20,14 +20,28 @@ KERNEL_BY_ARCH = {
 
 TARGET_ARCHS = ("sm_90a", "sm_120a", "sm_121a")
 
-# Kernel variants of the same contract: "simple" (one group of 8 MMA warps + a TMA producer
-# warp: what KERNEL_BY_ARCH serves, verified on the H200) and "ws" (seed 004's two warp groups, QK
-# and PV, overlapping through shared memory; experimental: compiles for all three archs, not yet
-# verified on a GPU).
+# Kernel variants of the same contract: name -> (module, class, constructor kwargs).
+#   simple       8 MMA warps (16 rows each) + a TMA producer warp: the first verified variant
+#   w4           4 MMA warps (32 rows each) + a TMA producer warp
+#   w4i          4 MMA warps, no producer warp (lane 0 of warp 0 issues the loads): 128 threads
+#                x 255 registers, so two CTAs fit an H200 SM
+#   w4i_nophase  w4i without the phased walk (to measure what the walk buys in L2 hits)
+#   ws           seed 004's two warp groups, QK and PV, overlapping through shared memory
+#                (experimental: compiles for all three archs, hung in its first H200 run)
+_SIMPLE = ("block_sparse_fwd128_sm120", "BlockSparseFwd128Sm120")
 VARIANTS = {
-    "simple": ("block_sparse_fwd128_sm120", "BlockSparseFwd128Sm120"),
-    "ws": ("block_sparse_fwd128_sm120_ws", "BlockSparseFwd128Sm120WS"),
+    "simple": (*_SIMPLE, {}),
+    "w4": (*_SIMPLE, {"num_mma_warps": 4}),
+    "w4i": (*_SIMPLE, {"num_mma_warps": 4, "inline_producer": True}),
+    "w4i_nophase": (*_SIMPLE, {"num_mma_warps": 4, "inline_producer": True, "phased": False}),
+    "ws": ("block_sparse_fwd128_sm120_ws", "BlockSparseFwd128Sm120WS", {}),
 }
+EXPERIMENTAL_VARIANTS = ("ws",)
+
+
+def registry_name(variant: str) -> str:
+    """The compile registry's (and the warm-up cache's) name of a variant."""
+    return "block_sparse_fwd128_sm120" + ("" if variant == "simple" else "_" + variant)
 
 
 def kernel_class(arch_family: int):
@@ -39,11 +53,16 @@ def kernel_class(arch_family: int):
 
 
 def variant_class(variant: str):
-    """The kernel class of a variant ("ws", "simple")."""
+    """The kernel class of a variant (see ``VARIANTS``)."""
     import importlib
 
-    module, name = VARIANTS[variant]
+    module, name, _ = VARIANTS[variant]
     return getattr(importlib.import_module(f"{__name__}.{module}"), name)
+
+
+def variant_kernel(variant: str):
+    """A kernel object of a variant, configured (see ``VARIANTS``)."""
+    return variant_class(variant)(**VARIANTS[variant][2])
 
 
 def target_arch(arch_family: int) -> str:

@@ -18,11 +18,16 @@ empty tiles.
 
 How:
   - one CTA per (query tile, batch*head), grid ``(T, B*H)``; 8 MMA warps (16 query rows each)
-    plus one TMA producer warp;
-  - Q (128x128) arrives by TMA and is held in registers as mma A fragments;
+    plus one TMA producer warp, or 4 MMA warps (32 rows each: every K/V fragment read from
+    shared memory feeds two 16-row MMAs) with or without the producer warp (``inline_producer``:
+    lane 0 of warp 0 issues the loads, ``kv_stages`` chunks ahead);
+  - Q (128x128) arrives by TMA and stays in shared memory; its fragments are re-read (ldmatrix)
+    per k-step, which keeps the registers within budget;
   - K and V stream in 64-key chunks (two 64x64 boxes, 128-byte swizzle) through two
     ``kv_stages``-deep mbarrier rings (TMA transaction barriers full, thread arrivals empty);
-    a chunk past a tile's valid keys is never loaded (a tile with vbs <= 64 is one chunk);
+    every selected entry is two chunks; a chunk without valid keys (the second half of a tile
+    with vbs <= 64, a tile with vbs 0 or an out-of-range index) is loaded from a safe address in
+    the same head and skipped by the math, so producer and consumers share no skip logic;
   - per chunk: S = Q K^T (ldmatrix + mma.sync), mask keys >= valid, online softmax in
     registers, P (bf16) stays in registers as the A operand of O += P V (ldmatrix.trans);
     on a partial chunk the V fragments of invalid keys are zeroed before the mma, since
@@ -87,17 +92,32 @@ class BlockSparseFwd128Sm120:
 
     arch_family = "mma.sync+tma"
 
-    def __init__(self, kv_stages: int = 2, num_mma_warps: int = 8):
-        assert num_mma_warps * 16 == BLOCK, "one warp per 16 query rows"
+    def __init__(self, kv_stages: int = 2, num_mma_warps: int = 8, phased: bool = True,
+                 inline_producer: bool = False):
+        """``num_mma_warps``: 8 (16 query rows each) or 4 (32 rows each: every K/V fragment read
+        from shared memory feeds two row blocks, half the ldmatrix traffic per MMA).
+        ``inline_producer``: no producer warp; lane 0 of MMA warp 0 issues the TMA loads, each
+        ``kv_stages`` chunks ahead, as soon as every warp has released the stage (so 4 warps x 255
+        registers leave room for two CTAs per SM where shared memory allows, as on the H200).
+        ``phased``: the phased walk (off only to measure what it buys)."""
+        assert num_mma_warps in (4, 8), "4 warps (32 query rows each) or 8 warps (16 rows each)"
+        assert kv_stages >= 2 or not inline_producer, "the inline producer needs two stages to run ahead"
         self.dtype = cutlass.BFloat16
         self.kv_stages = kv_stages
         self.num_mma_warps = num_mma_warps
         self.num_mma_threads = num_mma_warps * 32
+        self.inline_producer = inline_producer
         self.producer_warp = num_mma_warps
-        self.num_threads = self.num_mma_threads + 32
+        self.num_threads = self.num_mma_threads + (0 if inline_producer else 32)
+        self.phased = phased
         self.softmax_scale_log2 = (1.0 / math.sqrt(HEAD_DIM)) * math.log2(math.e)
         tile_bytes = 2 * HEAD_DIM * (BLOCK + 2 * CHUNK * kv_stages)
         assert tile_bytes + 1024 <= SMEM_CAPACITY, "exceeds the GB10's 99 KB of shared memory"
+
+    def config_name(self) -> str:
+        """A short, stable name of this configuration (benchmarks and cache keys)."""
+        return (f"w{self.num_mma_warps}s{self.kv_stages}{'i' if self.inline_producer else 'p'}"
+                f"{'' if self.phased else '-nophase'}")
 
     # ------------------------------------------------------------------ host side
     @cute.jit
@@ -153,7 +173,7 @@ class BlockSparseFwd128Sm120:
             block=(self.num_threads, 1, 1),
             smem=SharedStorage.size_in_bytes(),
             stream=stream,
-            # One CTA per SM (shared memory allows no second); without this ptxas budgets for more.
+            # Registers budgeted for one CTA per SM (the GB10's shared memory holds one).
             min_blocks_per_mp=1,
         )
 
@@ -170,6 +190,18 @@ class BlockSparseFwd128Sm120:
         if kv_tile >= 0 and kv_tile < tiles:
             valid = cutlass.min(cutlass.max(mVbs[kv_tile], Int32(0)), Int32(BLOCK))
         return kv_tile, valid
+
+    @cute.jit
+    def walk_chunk(self, mIdx: cute.Tensor, mVbs: cute.Tensor, query: Int32, c: Int32, start: Int32,
+                   count: Int32, tiles: Int32, head_chunk: Int32):
+        """Chunk ``c`` of the walk (every entry is two 64-key chunks): (chunk row to load, valid keys
+        in it, 0..64). A chunk without valid keys is still loaded, from a safe address in this
+        head, and skipped by the math, so producer and consumers need no shared skip logic."""
+        kv_tile, valid = self.walk_entry(mIdx, mVbs, query, c // 2, start, count, tiles)
+        h = c % 2
+        keys = cutlass.min(cutlass.max(valid - h * CHUNK, Int32(0)), Int32(CHUNK))
+        safe_tile = kv_tile if valid > 0 else Int32(0)
+        return head_chunk + safe_tile * 2 + h, keys
 
     @cute.kernel
     def kernel(
@@ -204,7 +236,7 @@ class BlockSparseFwd128Sm120:
             count = Int32(0)
         # The phased walk's first entry (see the module docstring).
         start = Int32(0)
-        if 2 * count <= tiles:
+        if const_expr(self.phased) and 2 * count <= tiles:
             start = (query % num_slots) * count // num_slots
 
         if warp_idx == 0:
@@ -237,16 +269,21 @@ class BlockSparseFwd128Sm120:
         cute.arch.mbarrier_init_fence()
         cute.arch.barrier()
 
-        if warp_idx == self.producer_warp:
-            self.producer(tma_atom_Q, mQ, tma_atom_K, mK, tma_atom_V, mV, mIdx, mVbs, sQ, sK, sV,
-                          pipeline_q, pipeline_k, pipeline_v, bh, tile, query, count, start, tiles)
-        else:
+        loads = (tma_atom_Q, mQ, tma_atom_K, mK, tma_atom_V, mV, sQ, sK, sV)
+        if const_expr(self.inline_producer):
             self.consumer(tma_atom_O, mO, mIdx, mVbs, sQ, sK, sV, tiled_mma, pipeline_q, pipeline_k,
-                          pipeline_v, tidx, bh, tile, query, rows, count, start, tiles)
+                          pipeline_v, tidx, bh, tile, query, rows, count, start, tiles, loads)
+        else:
+            if warp_idx == self.producer_warp:
+                self.producer(loads, mIdx, mVbs, pipeline_q, pipeline_k, pipeline_v, bh, query, count, start, tiles)
+            else:
+                self.consumer(tma_atom_O, mO, mIdx, mVbs, sQ, sK, sV, tiled_mma, pipeline_q, pipeline_k,
+                              pipeline_v, tidx, bh, tile, query, rows, count, start, tiles, loads)
 
     @cute.jit
-    def producer(self, tma_atom_Q, mQ, tma_atom_K, mK, tma_atom_V, mV, mIdx, mVbs, sQ, sK, sV,
-                 pipeline_q, pipeline_k, pipeline_v, bh, tile, query, count, start, tiles):
+    def tma_views(self, loads):
+        """TMA partitions of Q (by query tile) and K/V (by 64-key chunk row) for the issuing thread."""
+        tma_atom_Q, mQ, tma_atom_K, mK, tma_atom_V, mV, sQ, sK, sV = loads
         unit = cute.make_layout(1)
         gQ = cute.local_tile(mQ, (BLOCK, HEAD_DIM), (None, 0))  # (128, 128, q tiles)
         gK = cute.local_tile(mK, (CHUNK, HEAD_DIM), (None, 0))  # (64, 128, chunks)
@@ -257,29 +294,50 @@ class BlockSparseFwd128Sm120:
                                            cute.group_modes(gK, 0, 2))
         tVsV, tVgV = cpasync.tma_partition(tma_atom_V, 0, unit, cute.group_modes(sV, 0, 2),
                                            cute.group_modes(gV, 0, 2))
+        return tQsQ, tQgQ, tKsK, tKgK, tVsV, tVgV
+
+    @cute.jit
+    def load_q(self, tma_atom_Q, tQgQ, tQsQ, pipeline_q, query):
+        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
+        pipeline_q.producer_acquire(q_state)
+        cute.copy(tma_atom_Q, tQgQ[None, query], tQsQ, tma_bar_ptr=pipeline_q.producer_get_barrier(q_state))
+
+    @cute.jit
+    def producer(self, loads, mIdx, mVbs, pipeline_q, pipeline_k, pipeline_v, bh, query, count, start, tiles):
+        """The producer warp (one lane): Q, then every chunk of the walk, K before V."""
+        tma_atom_Q, _, tma_atom_K, _, tma_atom_V, _, _, _, _ = loads
+        tQsQ, tQgQ, tKsK, tKgK, tVsV, tVgV = self.tma_views(loads)
         if count > 0:
-            q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
-            pipeline_q.producer_acquire(q_state)
-            cute.copy(tma_atom_Q, tQgQ[None, query], tQsQ, tma_bar_ptr=pipeline_q.producer_get_barrier(q_state))
-        k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.kv_stages)
-        v_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.kv_stages)
+            self.load_q(tma_atom_Q, tQgQ, tQsQ, pipeline_q, query)
         head_chunk = bh * tiles * 2
-        for e in cutlass.range(count, unroll=1):
-            kv_tile, valid = self.walk_entry(mIdx, mVbs, query, e, start, count, tiles)
-            for h in cutlass.range((valid + CHUNK - 1) // CHUNK, unroll=1):
-                chunk = head_chunk + kv_tile * 2 + h
-                pipeline_k.producer_acquire(k_state)
-                cute.copy(tma_atom_K, tKgK[None, chunk], tKsK[None, k_state.index],
-                          tma_bar_ptr=pipeline_k.producer_get_barrier(k_state))
-                k_state.advance()
-                pipeline_v.producer_acquire(v_state)
-                cute.copy(tma_atom_V, tVgV[None, chunk], tVsV[None, v_state.index],
-                          tma_bar_ptr=pipeline_v.producer_get_barrier(v_state))
-                v_state.advance()
+        for c in cutlass.range(2 * count, unroll=1):
+            self.load_k(tma_atom_K, tKgK, tKsK, pipeline_k, mIdx, mVbs, query, c, start, count, tiles, head_chunk)
+            self.load_v(tma_atom_V, tVgV, tVsV, pipeline_v, mIdx, mVbs, query, c, start, count, tiles, head_chunk)
+
+    def _producer_state(self, n: Int32):
+        """The producer's ring position for its n-th load (computed, not carried: the inline
+        producer is one lane of an MMA warp, and a stateless position keeps its code branch-local)."""
+        return pipeline.PipelineState(self.kv_stages, n, n % self.kv_stages, ((n // self.kv_stages) % 2) ^ 1)
+
+    @cute.jit
+    def load_k(self, tma_atom_K, tKgK, tKsK, pipeline_k, mIdx, mVbs, query, c, start, count, tiles, head_chunk):
+        chunk, _ = self.walk_chunk(mIdx, mVbs, query, c, start, count, tiles, head_chunk)
+        state = self._producer_state(c)
+        pipeline_k.producer_acquire(state)
+        cute.copy(tma_atom_K, tKgK[None, chunk], tKsK[None, state.index],
+                  tma_bar_ptr=pipeline_k.producer_get_barrier(state))
+
+    @cute.jit
+    def load_v(self, tma_atom_V, tVgV, tVsV, pipeline_v, mIdx, mVbs, query, c, start, count, tiles, head_chunk):
+        chunk, _ = self.walk_chunk(mIdx, mVbs, query, c, start, count, tiles, head_chunk)
+        state = self._producer_state(c)
+        pipeline_v.producer_acquire(state)
+        cute.copy(tma_atom_V, tVgV[None, chunk], tVsV[None, state.index],
+                  tma_bar_ptr=pipeline_v.producer_get_barrier(state))
 
     @cute.jit
     def consumer(self, tma_atom_O, mO, mIdx, mVbs, sQ, sK, sV, tiled_mma, pipeline_q, pipeline_k,
-                 pipeline_v, tidx, bh, tile, query, rows, count, start, tiles):
+                 pipeline_v, tidx, bh, tile, query, rows, count, start, tiles, loads):
         thr_mma = tiled_mma.get_slice(tidx)
         # V^T views: (head_dim, keys, stage), the B operand of O += P V.
         sVt = cute.make_tensor(sV.iterator, cute.select(sV.layout, mode=[1, 0, 2]))
@@ -316,24 +374,40 @@ class BlockSparseFwd128Sm120:
         row_sum.fill(0.0)
         scale_log2 = Float32(self.softmax_scale_log2)
 
+        tma_atom_Q, _, tma_atom_K, _, tma_atom_V, _, _, _, _ = loads
+        tQsQ, tQgQ, tKsK, tKgK, tVsV, tVgV = self.tma_views(loads)
+        head_chunk = bh * tiles * 2
+        total = 2 * count
+        stages = self.kv_stages
+        if const_expr(self.inline_producer):
+            # Lane 0 of warp 0 is the producer: Q and the first `stages` chunks now, then chunk
+            # c + stages as soon as every warp has released chunk c's stage.
+            if tidx == 0:
+                if count > 0:
+                    self.load_q(tma_atom_Q, tQgQ, tQsQ, pipeline_q, query)
+                for c in cutlass.range(cutlass.min(total, Int32(stages)), unroll=1):
+                    self.load_k(tma_atom_K, tKgK, tKsK, pipeline_k, mIdx, mVbs, query, c, start, count, tiles,
+                                head_chunk)
+                    self.load_v(tma_atom_V, tVgV, tVsV, pipeline_v, mIdx, mVbs, query, c, start, count, tiles,
+                                head_chunk)
+
         if count > 0:
             # Q stays in shared memory: its fragments are re-read per k-step, which keeps the
-            # registers under the 168 that 9 warps allow (one SM quadrant holds 3 of them).
+            # registers within budget (8 warps: the 168 that 9 warps allow; 4 warps: 255).
             q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
             pipeline_q.consumer_wait(q_state)
 
-        k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.kv_stages)
-        v_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.kv_stages)
+        k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, stages)
+        v_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, stages)
         num_k_blocks = cute.size(tSrQ, mode=[2])
         num_pv_k_blocks = cute.size(tOrVt, mode=[2])
-        for e in cutlass.range(count, unroll=1):
-            kv_tile, valid = self.walk_entry(mIdx, mVbs, query, e, start, count, tiles)
-            for h in cutlass.range((valid + CHUNK - 1) // CHUNK, unroll=1):
-                keys = cutlass.min(valid - h * CHUNK, Int32(CHUNK))
-                # ---- S = Q K^T
-                acc_S = cute.make_rmem_tensor(acc_S_shape, Float32)
+        for c in cutlass.range(total, unroll=1):
+            _, keys = self.walk_chunk(mIdx, mVbs, query, c, start, count, tiles, head_chunk)
+            # ---- S = Q K^T
+            acc_S = cute.make_rmem_tensor(acc_S_shape, Float32)
+            pipeline_k.consumer_wait(k_state)
+            if keys > 0:
                 acc_S.fill(0.0)
-                pipeline_k.consumer_wait(k_state)
                 tSsK_cur = tSsK[None, None, None, k_state.index]
                 cute.copy(thr_copy_Q, tSsQ[None, None, 0], tSrQ_view[None, None, 0])
                 cute.copy(thr_copy_K, tSsK_cur[None, None, 0], tSrK_view[None, None, 0])
@@ -342,8 +416,12 @@ class BlockSparseFwd128Sm120:
                         cute.copy(thr_copy_Q, tSsQ[None, None, k + 1], tSrQ_view[None, None, k + 1])
                         cute.copy(thr_copy_K, tSsK_cur[None, None, k + 1], tSrK_view[None, None, k + 1])
                     cute.gemm(tiled_mma, acc_S, tSrQ[None, None, k], tSrK[None, None, k], acc_S)
-                pipeline_k.consumer_release(k_state)
-                k_state.advance()
+            pipeline_k.consumer_release(k_state)
+            if const_expr(self.inline_producer):
+                if tidx == 0 and c + stages < total:
+                    self.load_k(tma_atom_K, tKgK, tKsK, pipeline_k, mIdx, mVbs, query, c + stages, start, count,
+                                tiles, head_chunk)
+            if keys > 0:
                 # ---- mask keys at or past the chunk's valid count (a select: NaN scores go too)
                 if keys < CHUNK:
                     for i in cutlass.range_constexpr(cute.size(acc_S)):
@@ -364,11 +442,12 @@ class BlockSparseFwd128Sm120:
                     alpha = cute.math.exp2((prev_max - safe_max) * scale_log2, fastmath=True)
                     row_sum[r] = row_sum[r] * alpha + p.reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
                     acc_O_mn[r, None].store(acc_O_mn[r, None].load() * alpha)
-                rP = cute.make_rmem_tensor(acc_S_shape, self.dtype)
+            rP = cute.make_rmem_tensor(acc_S_shape, self.dtype)
+            tOrP = _acc_as_a_operand(rP)
+            # ---- O += P V
+            pipeline_v.consumer_wait(v_state)
+            if keys > 0:
                 rP.store(acc_S.load().to(self.dtype))
-                tOrP = _acc_as_a_operand(rP)
-                # ---- O += P V
-                pipeline_v.consumer_wait(v_state)
                 tOsVt_cur = tOsVt[None, None, None, v_state.index]
                 for k in cutlass.range_constexpr(num_pv_k_blocks):
                     cute.copy(thr_copy_V, tOsVt_cur[None, None, k], tOrVt_view[None, None, k])
@@ -380,8 +459,13 @@ class BlockSparseFwd128Sm120:
                             if tOcVt_k[i][1] >= keys:
                                 tOrVt_k[i] = self.dtype(0.0)
                     cute.gemm(tiled_mma, acc_O, tOrP[None, None, k], tOrVt[None, None, k], acc_O)
-                pipeline_v.consumer_release(v_state)
-                v_state.advance()
+            pipeline_v.consumer_release(v_state)
+            if const_expr(self.inline_producer):
+                if tidx == 0 and c + stages < total:
+                    self.load_v(tma_atom_V, tVgV, tVsV, pipeline_v, mIdx, mVbs, query, c + stages, start, count,
+                                tiles, head_chunk)
+            k_state.advance()
+            v_state.advance()
 
         # ---- epilogue: normalise, zero the rows without keys and the padding rows
         for r in cutlass.range_constexpr(num_rows):

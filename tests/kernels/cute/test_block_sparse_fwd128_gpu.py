@@ -38,9 +38,9 @@ pytestmark = [
 ]
 
 
-# The variants under test: "simple" by default; FASTVIDEO_CUTE_SM120_TEST_VARIANTS=simple,ws adds
+# The variants under test: every non-experimental one by default; FASTVIDEO_CUTE_SM120_TEST_VARIANTS=...,ws adds
 # the experimental two-group kernel (run it under `timeout -s KILL`: it hung in its first H200 run).
-_TEST_VARIANTS = [v for v in os.environ.get("FASTVIDEO_CUTE_SM120_TEST_VARIANTS", "simple").split(",") if v]
+_TEST_VARIANTS = [v for v in os.environ.get("FASTVIDEO_CUTE_SM120_TEST_VARIANTS", "simple,w4,w4i,w4i_nophase").split(",") if v]
 
 
 @pytest.fixture(autouse=True, params=_TEST_VARIANTS)
