@@ -29,7 +29,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from ._checks import LaunchLimits, check_list_forward, device_arch
+from ._checks import LaunchLimits, check_list_forward, cute_dsl_importable, device_arch  # noqa: F401 (re-exported)
 
 __all__ = [
     "BLOCK",

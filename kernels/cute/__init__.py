@@ -75,10 +75,7 @@ REGISTRY: Tuple[CuteKernelSpec, ...] = (
         build=_block_sparse_fwd128("w4i"),
         expect=("HMMA.16816", "UTMALDG"),
         forbid=("HGMMA", "UTCHMMA"),
-        # measured 8 B (sm_90a) / 24 B (sm_121a, sm_120a) at 254-255 registers: the producer
-        # lane's walk state; 32 B bounds it
-        max_spill_bytes=32,
-        notes="4 MMA warps, no producer warp (lane 0 of warp 0 issues the TMA loads)",
+        notes="4 MMA warps, no producer warp (MMA warp 0 issues the TMA loads)",
     ),
     CuteKernelSpec(
         name="block_sparse_fwd128_sm120_w4i_nophase",
@@ -86,9 +83,6 @@ REGISTRY: Tuple[CuteKernelSpec, ...] = (
         build=_block_sparse_fwd128("w4i_nophase"),
         expect=("HMMA.16816", "UTMALDG"),
         forbid=("HGMMA", "UTCHMMA"),
-        # measured 8 B (sm_90a) / 24 B (sm_121a, sm_120a) at 254-255 registers: the producer
-        # lane's walk state; 32 B bounds it
-        max_spill_bytes=32,
         notes="w4i without the phased walk (measures the walk's L2 effect)",
     ),
     CuteKernelSpec(

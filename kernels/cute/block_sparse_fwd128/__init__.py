@@ -23,7 +23,7 @@ TARGET_ARCHS = ("sm_90a", "sm_120a", "sm_121a")
 # Kernel variants of the same contract: name -> (module, class, constructor kwargs).
 #   simple       8 MMA warps (16 rows each) + a TMA producer warp: the first verified variant
 #   w4           4 MMA warps (32 rows each) + a TMA producer warp
-#   w4i          4 MMA warps, no producer warp (lane 0 of warp 0 issues the loads): 128 threads
+#   w4i          4 MMA warps, no producer warp (MMA warp 0 issues the loads): 128 threads
 #                x 255 registers, so two CTAs fit an H200 SM
 #   w4i_nophase  w4i without the phased walk (to measure what the walk buys in L2 hits)
 #   ws           seed 004's two warp groups, QK and PV, overlapping through shared memory

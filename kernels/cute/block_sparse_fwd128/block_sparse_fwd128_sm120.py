@@ -20,7 +20,7 @@ How:
   - one CTA per (query tile, batch*head), grid ``(T, B*H)``; 8 MMA warps (16 query rows each)
     plus one TMA producer warp, or 4 MMA warps (32 rows each: every K/V fragment read from
     shared memory feeds two 16-row MMAs) with or without the producer warp (``inline_producer``:
-    lane 0 of warp 0 issues the loads, ``kv_stages`` chunks ahead);
+    MMA warp 0 issues the loads, ``kv_stages`` chunks ahead);
   - Q (128x128) arrives by TMA and stays in shared memory; its fragments are re-read (ldmatrix)
     per k-step, which keeps the registers within budget;
   - K and V stream in 64-key chunks (two 64x64 boxes, 128-byte swizzle) through two
@@ -96,7 +96,7 @@ class BlockSparseFwd128Sm120:
                  inline_producer: bool = False):
         """``num_mma_warps``: 8 (16 query rows each) or 4 (32 rows each: every K/V fragment read
         from shared memory feeds two row blocks, half the ldmatrix traffic per MMA).
-        ``inline_producer``: no producer warp; lane 0 of MMA warp 0 issues the TMA loads, each
+        ``inline_producer``: no producer warp; MMA warp 0 issues the TMA loads, each
         ``kv_stages`` chunks ahead, as soon as every warp has released the stage (so 4 warps x 255
         registers leave room for two CTAs per SM where shared memory allows, as on the H200).
         ``phased``: the phased walk (off only to measure what it buys)."""
@@ -376,13 +376,15 @@ class BlockSparseFwd128Sm120:
 
         tma_atom_Q, _, tma_atom_K, _, tma_atom_V, _, _, _, _ = loads
         tQsQ, tQgQ, tKsK, tKgK, tVsV, tVgV = self.tma_views(loads)
+        warp_idx = cute.arch.make_warp_uniform(tidx // 32)
         head_chunk = bh * tiles * 2
         total = 2 * count
         stages = self.kv_stages
         if const_expr(self.inline_producer):
-            # Lane 0 of warp 0 is the producer: Q and the first `stages` chunks now, then chunk
-            # c + stages as soon as every warp has released chunk c's stage.
-            if tidx == 0:
+            # Warp 0 is the producer (the DSL elects one lane for the barrier arrive and the TMA
+            # issue; calling them from one lane would deadlock elect.sync): Q and the first
+            # `stages` chunks now, then chunk c + stages once every warp has released chunk c's stage.
+            if warp_idx == 0:
                 if count > 0:
                     self.load_q(tma_atom_Q, tQgQ, tQsQ, pipeline_q, query)
                 for c in cutlass.range(cutlass.min(total, Int32(stages)), unroll=1):
@@ -418,7 +420,7 @@ class BlockSparseFwd128Sm120:
                     cute.gemm(tiled_mma, acc_S, tSrQ[None, None, k], tSrK[None, None, k], acc_S)
             pipeline_k.consumer_release(k_state)
             if const_expr(self.inline_producer):
-                if tidx == 0 and c + stages < total:
+                if warp_idx == 0 and c + stages < total:
                     self.load_k(tma_atom_K, tKgK, tKsK, pipeline_k, mIdx, mVbs, query, c + stages, start, count,
                                 tiles, head_chunk)
             if keys > 0:
@@ -461,7 +463,7 @@ class BlockSparseFwd128Sm120:
                     cute.gemm(tiled_mma, acc_O, tOrP[None, None, k], tOrVt[None, None, k], acc_O)
             pipeline_v.consumer_release(v_state)
             if const_expr(self.inline_producer):
-                if tidx == 0 and c + stages < total:
+                if warp_idx == 0 and c + stages < total:
                     self.load_v(tma_atom_V, tVgV, tVsV, pipeline_v, mIdx, mVbs, query, c + stages, start, count,
                                 tiles, head_chunk)
             k_state.advance()

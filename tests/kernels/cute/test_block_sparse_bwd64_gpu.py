@@ -40,12 +40,12 @@ def _cap():
 
 
 def _common_runnable() -> bool:
-    return _cap() in A.COMMON_CAPABILITIES and A._cute_dsl_importable()
+    return _cap() in A.COMMON_CAPABILITIES and A.cute_dsl_importable()
 
 
 def _main_runnable() -> bool:
     # seed 000: the whole chain runs on sm_100a (10.0); a 10.3 device is refused by the predicate
-    return _cap() in A.MAIN_CAPABILITIES and A._cute_dsl_importable() and A.main_kernel_available()
+    return _cap() in A.MAIN_CAPABILITIES and A.cute_dsl_importable() and A.main_kernel_available()
 
 
 pytestmark = [

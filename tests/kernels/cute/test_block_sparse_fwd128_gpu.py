@@ -29,7 +29,7 @@ def _runnable() -> bool:
         return False
     if sm120.sm120_arch(torch.device("cuda")) is None:
         return False
-    return sm120._cute_dsl_importable()
+    return sm120.cute_dsl_importable()
 
 
 pytestmark = [
@@ -249,7 +249,7 @@ def test_launch_limits(monkeypatch):
     assert not sm120.sm120_within_launch_limits(1, 1, 2**16 * BLOCK, 2**16, 2**16)
     q, k, v, idx, num, vbs = make_case(num_blocks=2, topk=1, heads=4)
     assert sm120.sm120_fwd_support(q, k, v, idx, num, vbs)[0]
-    monkeypatch.setattr(sm120, "MAX_BATCH_HEADS", 3)
+    monkeypatch.setattr(sm120, "_LIMITS", sm120._LIMITS._replace(max_batch_heads=3))
     ok, reason = sm120.sm120_fwd_support(q, k, v, idx, num, vbs)
     assert not ok and "launch limits" in reason
     with pytest.raises(ValueError, match="launch limits"):

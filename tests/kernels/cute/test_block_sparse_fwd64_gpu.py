@@ -37,13 +37,13 @@ def _runnable() -> bool:
         return False
     if torch.cuda.get_device_capability()[0] != 10:
         return False
-    return sm100._cute_dsl_importable()
+    return sm100.cute_dsl_importable()
 
 
 pytestmark = [pytest.mark.gpu]
 needs_sm100 = pytest.mark.skipif(not _runnable(),
                                  reason="needs a compute-capability 10.x GPU (sm_100/sm_103) and the CuTe DSL")
-needs_cuda = pytest.mark.skipif(not (torch.cuda.is_available() and sm100._cute_dsl_importable()),
+needs_cuda = pytest.mark.skipif(not (torch.cuda.is_available() and sm100.cute_dsl_importable()),
                                 reason="needs a CUDA GPU and the CuTe DSL")
 
 
