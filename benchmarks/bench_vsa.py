@@ -476,8 +476,12 @@ class Runner:
                 if case.block not in (128, 256):
                     raise _Skip("128- and 256-token blocks only")
                 from fastvideo_cute.ops import block_sparse_attn_op
+                from fastvideo_cute.validation import check_block_sizes
 
                 bshd = self.args.layout == "bshd"
+                # What video_sparse_attn does before the op: the (cached) range check, which also
+                # records whether every block is full (the sm120 backend serves only that case).
+                check_block_sizes(case.sizes, case.nblocks, case.block, case.sizes.device)
                 q, k, v = (case.bshd(t) if bshd else t for t in (case.q, case.k, case.v))
                 env = {"FASTVIDEO_VSA_CUTEDSL": "1", "FASTVIDEO_VSA_BACKEND": "sm120",
                        "FASTVIDEO_CUTE_SM120_KERNEL": variant}

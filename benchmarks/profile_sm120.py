@@ -63,10 +63,13 @@ def to_json(args) -> None:
     rows = [r for r in rows if r.get("ID", "").strip().isdigit()]  # drop the units row
     if len(rows) != len(args.variants):
         raise SystemExit(f"{len(rows)} profiled launches, {len(args.variants)} variants named")
-    skip = {"ID", "Process ID", "Process Name", "Host Name", "Context", "Stream", "Device", "CC"}
+    # The raw page also lists every device attribute; keep the kernel's name, launch shape and the
+    # measured metrics.
+    keep = ("Kernel Name", "Grid Size", "Block Size")
+    prefixes = ("gpu__", "sm__", "smsp__", "lts__", "dram__", "l1tex__", "launch__")
     launches = []
     for variant, row in zip(args.variants, rows):
-        launches.append({"variant": variant, **{k: v for k, v in row.items() if k not in skip}})
+        launches.append({"variant": variant, **{k: v for k, v in row.items() if k in keep or k.startswith(prefixes)}})
     meta = {"seqlen": args.seqlen, "heads": args.heads, "sparsity": args.sparsity, "source": Path(args.to_json).name}
     Path(args.out).write_text(json.dumps({"meta": meta, "launches": launches}, indent=1))
     print(f"wrote {args.out}")

@@ -101,8 +101,17 @@ _VARIANT_ENV = "FASTVIDEO_CUTE_SM120_KERNEL"
 _EXPERIMENTAL_ENV = "FASTVIDEO_CUTE_ALLOW_EXPERIMENTAL"
 
 
-def default_variant() -> str:
-    variant = os.environ.get(_VARIANT_ENV, "simple") or "simple"
+# The variant per target arch, from benchmarks/results/vsa_h200_sm120.json: on the H200 "w4i"
+# (two 128-thread CTAs per SM) measured 1.10x "simple" and 1.26x "w4". The GB10's 99 KB of shared
+# memory holds one 96 KB CTA per SM, where "w4i" would run 4 warps per SM and "w4" (also one CTA
+# per SM on the H200) measured slowest; so sm_12x keeps "simple" until a GB10 measures otherwise.
+DEFAULT_VARIANT_BY_ARCH = {"sm_90a": "w4i", "sm_120a": "simple", "sm_121a": "simple"}
+
+
+def default_variant(arch: Optional[str] = None) -> str:
+    """``$FASTVIDEO_CUTE_SM120_KERNEL`` if set, else the measured choice for ``arch``."""
+    fallback = DEFAULT_VARIANT_BY_ARCH.get(arch or "", "simple")
+    variant = os.environ.get(_VARIANT_ENV, fallback) or fallback
     if variant not in VARIANTS:
         raise ValueError(f"{_VARIANT_ENV}={variant!r}: expected one of {VARIANTS}")
     return variant
@@ -142,7 +151,7 @@ def sm120_block_sparse_fwd(
     docstring). Returns ``out`` (``[B, H, S, 128]`` bf16, allocated if None; every element is
     written). Raises ``ValueError`` naming the reason when :func:`sm120_fwd_support` refuses.
     ``variant``: one of ``VARIANTS`` (default: ``$FASTVIDEO_CUTE_SM120_KERNEL``, else "simple")."""
-    variant = default_variant() if variant is None else variant
+    variant = default_variant(sm120_arch(q.device) if q.is_cuda else None) if variant is None else variant
     if variant not in VARIANTS:
         raise ValueError(f"sm120_block_sparse_fwd: variant must be one of {VARIANTS}, got {variant!r}")
     if variant in EXPERIMENTAL_VARIANTS and os.environ.get(_EXPERIMENTAL_ENV, "") != "1":

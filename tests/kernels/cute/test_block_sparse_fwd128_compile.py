@@ -127,3 +127,20 @@ def test_support_predicate_on_cpu_tensors():
     assert not cute_sm120.sm120_within_launch_limits(1, 65536, 256, 2, 2)
     assert not cute_sm120.sm120_within_launch_limits(1, 1, 2**31, 2**24, 1)
     assert not cute_sm120.sm120_within_launch_limits(1, 1, 2**16 * 128, 2**16, 2**16)
+
+
+def test_default_variant_per_arch(monkeypatch):
+    """The measured choice per arch (w4i on the H200; simple on the GB10's one-CTA-per-SM budget),
+    the environment overriding it, and a bad name refused."""
+    from fastvideo_cute.adapters import cute_sm120
+
+    monkeypatch.delenv("FASTVIDEO_CUTE_SM120_KERNEL", raising=False)
+    assert cute_sm120.default_variant("sm_90a") == "w4i"
+    assert cute_sm120.default_variant("sm_121a") == "simple"
+    assert cute_sm120.default_variant("sm_120a") == "simple"
+    assert cute_sm120.default_variant() == "simple"
+    monkeypatch.setenv("FASTVIDEO_CUTE_SM120_KERNEL", "w4")
+    assert cute_sm120.default_variant("sm_90a") == "w4"
+    monkeypatch.setenv("FASTVIDEO_CUTE_SM120_KERNEL", "nope")
+    with pytest.raises(ValueError, match="FASTVIDEO_CUTE_SM120_KERNEL"):
+        cute_sm120.default_variant("sm_90a")
