@@ -27,15 +27,21 @@ __all__ = [
 def map_to_index(block_map: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     """Bool map ``[..., R, C]`` -> ``(idx [..., R, C] int32, num [..., R] int32)``.
 
-    Selected columns come first in ascending order (a stable sort on "not selected").
+    Selected columns come first in ascending order, then the others in ascending order (what a
+    stable sort on "not selected" gives), built without a sort: each column's slot is a running
+    count (a cumsum), and one scatter of the column numbers fills the permutation.
     """
     if block_map.dtype != torch.bool:
         block_map = block_map != 0
-    num = block_map.sum(dim=-1, dtype=torch.int32)
-    # uint8 keys: 0 = selected, 1 = not; a stable sort keeps the column order inside each group.
-    keys = (~block_map).to(torch.uint8)
-    _, idx = torch.sort(keys, dim=-1, stable=True)
-    return idx.to(torch.int32).contiguous(), num.contiguous()
+    cols = block_map.shape[-1]
+    csum = torch.cumsum(block_map, dim=-1, dtype=torch.int32)  # selected columns at or before j
+    num = csum[..., -1] if cols else block_map.sum(dim=-1, dtype=torch.int32)
+    j = torch.arange(cols, device=block_map.device, dtype=torch.int32)
+    # selected j -> its rank among the selected; unselected j -> num + its rank among the unselected
+    slot = torch.where(block_map, csum - 1, num.unsqueeze(-1) + j - csum)
+    idx = torch.empty_like(slot)
+    idx.scatter_(-1, slot.to(torch.int64), j.expand_as(slot))
+    return idx, num.contiguous()
 
 
 def index_to_map(idx: torch.Tensor, num: torch.Tensor, num_cols: int) -> torch.Tensor:

@@ -1,3 +1,4 @@
+import pytest
 import torch
 
 from fastvideo_cute.metadata import (expand_block_map, index_to_map, invert_indices, map_to_index,
@@ -55,3 +56,20 @@ def test_expansion_and_size_split():
     # total valid tokens are preserved
     s = torch.randint(0, 257, (50,))
     assert split_block_sizes(s, 2, 128).sum() == s.sum()
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 7, 11), (1, 1, 1, 1), (4, 5), (3, 0), (2, 6, 256)])
+def test_map_to_index_is_the_stable_sort_permutation(shape):
+    """The sort-free build equals a stable sort on "not selected" (selected columns first, each
+    group ascending), for random, empty and full rows."""
+    gen = torch.Generator().manual_seed(sum(shape))
+    m = torch.rand(shape, generator=gen) < 0.3
+    if m.numel():
+        m.view(-1, shape[-1])[0] = False
+        if m.view(-1, shape[-1]).shape[0] > 1:
+            m.view(-1, shape[-1])[1] = True
+    idx, num = map_to_index(m)
+    expect = torch.sort((~m).to(torch.uint8), dim=-1, stable=True).indices.to(torch.int32)
+    assert idx.dtype == torch.int32 and num.dtype == torch.int32
+    assert torch.equal(idx, expect)
+    assert torch.equal(num, m.sum(-1, dtype=torch.int32))
