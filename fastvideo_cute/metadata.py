@@ -39,7 +39,8 @@ def map_to_index(block_map: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     j = torch.arange(cols, device=block_map.device, dtype=torch.int32)
     # selected j -> its rank among the selected; unselected j -> num + its rank among the unselected
     slot = torch.where(block_map, csum - 1, num.unsqueeze(-1) + j - csum)
-    idx = torch.empty_like(slot)
+    # Contiguous whatever the map's strides (a transposed map gives strided cumsum/where outputs).
+    idx = torch.empty(slot.shape, dtype=torch.int32, device=slot.device)
     idx.scatter_(-1, slot.to(torch.int64), j.expand_as(slot))
     return idx, num.contiguous()
 

@@ -73,3 +73,12 @@ def test_map_to_index_is_the_stable_sort_permutation(shape):
     assert idx.dtype == torch.int32 and num.dtype == torch.int32
     assert torch.equal(idx, expect)
     assert torch.equal(num, m.sum(-1, dtype=torch.int32))
+
+
+def test_map_to_index_of_a_transposed_map_is_contiguous():
+    """The backward builds k2q lists from the transposed map: the result must be contiguous."""
+    m = torch.rand(2, 3, 9, 5, generator=torch.Generator().manual_seed(4)) < 0.4
+    idx, num = map_to_index(m.transpose(-1, -2))
+    assert idx.is_contiguous() and num.is_contiguous()
+    expect = torch.sort((~m.transpose(-1, -2)).to(torch.uint8), dim=-1, stable=True).indices.to(torch.int32)
+    assert torch.equal(idx, expect)
