@@ -403,8 +403,13 @@ class BlockSparseFwd128Sm120:
         v_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, stages)
         num_k_blocks = cute.size(tSrQ, mode=[2])
         num_pv_k_blocks = cute.size(tOrVt, mode=[2])
+        # The walk's list reads (index, then that tile's size: two dependent global loads) run one
+        # chunk ahead, so their latency overlaps the current chunk's math instead of starting it.
+        _, keys = self.walk_chunk(mIdx, mVbs, query, Int32(0), start, count, tiles, head_chunk)
         for c in cutlass.range(total, unroll=1):
-            _, keys = self.walk_chunk(mIdx, mVbs, query, c, start, count, tiles, head_chunk)
+            # (on the last chunk this re-reads the last entry: a harmless cached load, no branch)
+            _, keys_next = self.walk_chunk(mIdx, mVbs, query, cutlass.min(c + 1, total - 1), start, count, tiles,
+                                           head_chunk)
             # ---- S = Q K^T
             acc_S = cute.make_rmem_tensor(acc_S_shape, Float32)
             pipeline_k.consumer_wait(k_state)
@@ -468,6 +473,7 @@ class BlockSparseFwd128Sm120:
                                 tiles, head_chunk)
             k_state.advance()
             v_state.advance()
+            keys = keys_next
 
         # ---- epilogue: normalise, zero the rows without keys and the padding rows
         for r in cutlass.range_constexpr(num_rows):
