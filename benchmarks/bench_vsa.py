@@ -333,12 +333,13 @@ def print_table(results: List[dict]) -> None:
 
 
 @contextlib.contextmanager
-def _route_env(route: str):
-    saved = {k: os.environ.get(k) for k in ROUTE_ENV.values()}
+def _env(values: Dict[str, str], clear: Iterable[str] = ()):
+    """Set ``values`` and unset ``clear`` for the duration; restore everything afterwards."""
+    saved = {k: os.environ.get(k) for k in (*values, *clear)}
     try:
-        for k in ROUTE_ENV.values():
+        for k in clear:
             os.environ.pop(k, None)
-        os.environ[ROUTE_ENV[route]] = "1"
+        os.environ.update(values)
         yield
     finally:
         for k, v in saved.items():
@@ -346,6 +347,10 @@ def _route_env(route: str):
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+def _route_env(route: str):
+    return _env({ROUTE_ENV[route]: "1"}, clear=ROUTE_ENV.values())
 
 
 class Case:
@@ -485,21 +490,11 @@ class Runner:
                 q, k, v = (case.bshd(t) if bshd else t for t in (case.q, case.k, case.v))
                 env = {"FASTVIDEO_VSA_CUTEDSL": "1", "FASTVIDEO_VSA_BACKEND": "sm120",
                        "FASTVIDEO_CUTE_SM120_KERNEL": variant}
-                saved = {key: os.environ.get(key) for key in (*env, *ROUTE_ENV.values())}
-                try:
-                    for key in ROUTE_ENV.values():
-                        os.environ.pop(key, None)
-                    os.environ.update(env)
+                with _env(env, clear=ROUTE_ENV.values()):
                     call = lambda: block_sparse_attn_op(q, k, v, case.block_map, case.sizes, block_size=case.block,
                                                          bshd=bshd, sm_scale=q.shape[-1] ** -0.5, need_lse=False)
                     with torch.no_grad():
                         ms = self.bench(call)
-                finally:
-                    for key, val in saved.items():
-                        if val is None:
-                            os.environ.pop(key, None)
-                        else:
-                            os.environ[key] = val
                 from fastvideo_cute.metadata import map_to_index
 
                 meta = self.bench(lambda: map_to_index(case.block_map))

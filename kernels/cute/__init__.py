@@ -52,47 +52,27 @@ def _block_sparse_fwd64_sm100(variant: str):
     return build
 
 
+# The mma.sync + TMA forward's variants (block_sparse_fwd128.VARIANTS), one spec each: same archs,
+# same instruction checks.
+_FWD128_NOTES = {
+    "simple": "VSA forward, 128-token blocks: mma.sync + ldmatrix, TMA K/V rings, 8 MMA warps + a producer warp",
+    "w4": "the same, 4 MMA warps of 32 rows (half the ldmatrix traffic per MMA) + a producer warp",
+    "w4i": "4 MMA warps, no producer warp (MMA warp 0 issues the TMA loads): two CTAs per H200 SM",
+    "w4i_nophase": "w4i without the phased walk (measures the walk's L2 effect)",
+    "ws": "QK and PV warp groups overlapping through shared memory (experimental)",
+}
+
+
+def _fwd128_spec(variant: str) -> CuteKernelSpec:
+    from .block_sparse_fwd128 import registry_name
+
+    return CuteKernelSpec(name=registry_name(variant), archs=("sm_121a", "sm_120a", "sm_90a"),
+                          build=_block_sparse_fwd128(variant), expect=("HMMA.16816", "UTMALDG"),
+                          forbid=("HGMMA", "UTCHMMA"), notes=_FWD128_NOTES[variant])
+
+
 REGISTRY: Tuple[CuteKernelSpec, ...] = (
-    CuteKernelSpec(
-        name="block_sparse_fwd128_sm120",
-        archs=("sm_121a", "sm_120a", "sm_90a"),
-        build=_block_sparse_fwd128("simple"),
-        expect=("HMMA.16816", "UTMALDG"),
-        forbid=("HGMMA", "UTCHMMA"),
-        notes="VSA forward, 128-token blocks: mma.sync + ldmatrix, TMA K/V rings, one MMA warp group",
-    ),
-    CuteKernelSpec(
-        name="block_sparse_fwd128_sm120_w4",
-        archs=("sm_121a", "sm_120a", "sm_90a"),
-        build=_block_sparse_fwd128("w4"),
-        expect=("HMMA.16816", "UTMALDG"),
-        forbid=("HGMMA", "UTCHMMA"),
-        notes="the same, 4 MMA warps of 32 rows (half the ldmatrix traffic per MMA) + producer warp",
-    ),
-    CuteKernelSpec(
-        name="block_sparse_fwd128_sm120_w4i",
-        archs=("sm_121a", "sm_120a", "sm_90a"),
-        build=_block_sparse_fwd128("w4i"),
-        expect=("HMMA.16816", "UTMALDG"),
-        forbid=("HGMMA", "UTCHMMA"),
-        notes="4 MMA warps, no producer warp (MMA warp 0 issues the TMA loads)",
-    ),
-    CuteKernelSpec(
-        name="block_sparse_fwd128_sm120_w4i_nophase",
-        archs=("sm_121a", "sm_120a", "sm_90a"),
-        build=_block_sparse_fwd128("w4i_nophase"),
-        expect=("HMMA.16816", "UTMALDG"),
-        forbid=("HGMMA", "UTCHMMA"),
-        notes="w4i without the phased walk (measures the walk's L2 effect)",
-    ),
-    CuteKernelSpec(
-        name="block_sparse_fwd128_sm120_ws",
-        archs=("sm_121a", "sm_120a", "sm_90a"),
-        build=_block_sparse_fwd128("ws"),
-        expect=("HMMA.16816", "UTMALDG"),
-        forbid=("HGMMA", "UTCHMMA"),
-        notes="the same, QK and PV warp groups overlapping through shared memory (experimental)",
-    ),
+    *(_fwd128_spec(v) for v in _FWD128_NOTES),
     CuteKernelSpec(
         name="block_sparse_fwd64_sm100",
         archs=("sm_100a", "sm_103a"),

@@ -1,6 +1,7 @@
 """benchmarks/bench_vsa.py on CPU: argument parsing, FLOP accounting, JSON and chart writers
 (synthetic timings; nothing is benchmarked here)."""
 
+import os
 import importlib.util
 import json
 import subprocess
@@ -134,3 +135,16 @@ def test_sm120_route_is_opt_in_with_variants(bench):
     a = bench.parse_args(["--routes", "sm120", "--sm120-variants", "simple", "w4i"])
     assert a.routes == ["sm120"] and a.sm120_variants == ["simple", "w4i"]
     assert bench.parse_args([]).sm120_variants == ["simple"]
+
+
+def test_env_context_sets_clears_and_restores(bench, monkeypatch):
+    monkeypatch.setenv("FASTVIDEO_VSA_TRITON", "1")
+    monkeypatch.delenv("FASTVIDEO_VSA_CUTEDSL", raising=False)
+    monkeypatch.delenv("FASTVIDEO_VSA_BACKEND", raising=False)
+    with bench._env({"FASTVIDEO_VSA_BACKEND": "sm120"}, clear=bench.ROUTE_ENV.values()):
+        assert os.environ["FASTVIDEO_VSA_BACKEND"] == "sm120"
+        assert "FASTVIDEO_VSA_TRITON" not in os.environ
+    assert os.environ["FASTVIDEO_VSA_TRITON"] == "1" and "FASTVIDEO_VSA_BACKEND" not in os.environ
+    with bench._route_env("cute"):
+        assert os.environ["FASTVIDEO_VSA_CUTEDSL"] == "1" and "FASTVIDEO_VSA_TRITON" not in os.environ
+    assert os.environ["FASTVIDEO_VSA_TRITON"] == "1" and "FASTVIDEO_VSA_CUTEDSL" not in os.environ

@@ -311,29 +311,21 @@ class BlockSparseFwd128Sm120:
             self.load_q(tma_atom_Q, tQgQ, tQsQ, pipeline_q, query)
         head_chunk = bh * tiles * 2
         for c in cutlass.range(2 * count, unroll=1):
-            self.load_k(tma_atom_K, tKgK, tKsK, pipeline_k, mIdx, mVbs, query, c, start, count, tiles, head_chunk)
-            self.load_v(tma_atom_V, tVgV, tVsV, pipeline_v, mIdx, mVbs, query, c, start, count, tiles, head_chunk)
+            self.load_chunk(tma_atom_K, tKgK, tKsK, pipeline_k, mIdx, mVbs, query, c, start, count, tiles, head_chunk)
+            self.load_chunk(tma_atom_V, tVgV, tVsV, pipeline_v, mIdx, mVbs, query, c, start, count, tiles, head_chunk)
 
     def _producer_state(self, n: Int32):
         """The producer's ring position for its n-th load (computed, not carried: the inline
-        producer is one lane of an MMA warp, and a stateless position keeps its code branch-local)."""
+        producer is MMA warp 0, and a stateless position keeps its code branch-local)."""
         return pipeline.PipelineState(self.kv_stages, n, n % self.kv_stages, ((n // self.kv_stages) % 2) ^ 1)
 
     @cute.jit
-    def load_k(self, tma_atom_K, tKgK, tKsK, pipeline_k, mIdx, mVbs, query, c, start, count, tiles, head_chunk):
+    def load_chunk(self, tma_atom, tXgX, tXsX, pipe, mIdx, mVbs, query, c, start, count, tiles, head_chunk):
+        """Chunk ``c`` of the walk into its ring slot (K or V: the atom, views and pipeline say which)."""
         chunk, _ = self.walk_chunk(mIdx, mVbs, query, c, start, count, tiles, head_chunk)
         state = self._producer_state(c)
-        pipeline_k.producer_acquire(state)
-        cute.copy(tma_atom_K, tKgK[None, chunk], tKsK[None, state.index],
-                  tma_bar_ptr=pipeline_k.producer_get_barrier(state))
-
-    @cute.jit
-    def load_v(self, tma_atom_V, tVgV, tVsV, pipeline_v, mIdx, mVbs, query, c, start, count, tiles, head_chunk):
-        chunk, _ = self.walk_chunk(mIdx, mVbs, query, c, start, count, tiles, head_chunk)
-        state = self._producer_state(c)
-        pipeline_v.producer_acquire(state)
-        cute.copy(tma_atom_V, tVgV[None, chunk], tVsV[None, state.index],
-                  tma_bar_ptr=pipeline_v.producer_get_barrier(state))
+        pipe.producer_acquire(state)
+        cute.copy(tma_atom, tXgX[None, chunk], tXsX[None, state.index], tma_bar_ptr=pipe.producer_get_barrier(state))
 
     @cute.jit
     def consumer(self, tma_atom_O, mO, mIdx, mVbs, sQ, sK, sV, tiled_mma, pipeline_q, pipeline_k,
@@ -388,9 +380,9 @@ class BlockSparseFwd128Sm120:
                 if count > 0:
                     self.load_q(tma_atom_Q, tQgQ, tQsQ, pipeline_q, query)
                 for c in cutlass.range(cutlass.min(total, Int32(stages)), unroll=1):
-                    self.load_k(tma_atom_K, tKgK, tKsK, pipeline_k, mIdx, mVbs, query, c, start, count, tiles,
+                    self.load_chunk(tma_atom_K, tKgK, tKsK, pipeline_k, mIdx, mVbs, query, c, start, count, tiles,
                                 head_chunk)
-                    self.load_v(tma_atom_V, tVgV, tVsV, pipeline_v, mIdx, mVbs, query, c, start, count, tiles,
+                    self.load_chunk(tma_atom_V, tVgV, tVsV, pipeline_v, mIdx, mVbs, query, c, start, count, tiles,
                                 head_chunk)
 
         if count > 0:
@@ -426,7 +418,7 @@ class BlockSparseFwd128Sm120:
             pipeline_k.consumer_release(k_state)
             if const_expr(self.inline_producer):
                 if warp_idx == 0 and c + stages < total:
-                    self.load_k(tma_atom_K, tKgK, tKsK, pipeline_k, mIdx, mVbs, query, c + stages, start, count,
+                    self.load_chunk(tma_atom_K, tKgK, tKsK, pipeline_k, mIdx, mVbs, query, c + stages, start, count,
                                 tiles, head_chunk)
             if keys > 0:
                 # ---- mask keys at or past the chunk's valid count (a select: NaN scores go too)
@@ -469,7 +461,7 @@ class BlockSparseFwd128Sm120:
             pipeline_v.consumer_release(v_state)
             if const_expr(self.inline_producer):
                 if warp_idx == 0 and c + stages < total:
-                    self.load_v(tma_atom_V, tVgV, tVsV, pipeline_v, mIdx, mVbs, query, c + stages, start, count,
+                    self.load_chunk(tma_atom_V, tVgV, tVsV, pipeline_v, mIdx, mVbs, query, c + stages, start, count,
                                 tiles, head_chunk)
             k_state.advance()
             v_state.advance()
