@@ -59,7 +59,6 @@ _FWD128_NOTES = {
     "w4": "the same, 4 MMA warps of 32 rows (half the ldmatrix traffic per MMA) + a producer warp",
     "w4i": "4 MMA warps, no producer warp (MMA warp 0 issues the TMA loads): two CTAs per H200 SM",
     "w4i_nophase": "w4i without the phased walk (measures the walk's L2 effect)",
-    "w4i_lazy": "w4i rescaling O only when a row max grows by more than 2**8",
     "ws": "QK and PV warp groups overlapping through shared memory (experimental)",
 }
 

@@ -26,7 +26,6 @@ TARGET_ARCHS = ("sm_90a", "sm_120a", "sm_121a")
 #   w4i          4 MMA warps, no producer warp (MMA warp 0 issues the loads): 128 threads
 #                x 255 registers, so two CTAs fit an H200 SM
 #   w4i_nophase  w4i without the phased walk (to measure what the walk buys in L2 hits)
-#   w4i_lazy     w4i rescaling O only when a row max grows by more than 2**8 (FA4's trick)
 #   ws           seed 004's two warp groups, QK and PV, overlapping through shared memory
 #                (experimental: compiles for all three archs, hung in its first H200 run)
 _SIMPLE = ("block_sparse_fwd128_sm120", "BlockSparseFwd128Sm120")
@@ -35,7 +34,6 @@ VARIANTS = {
     "w4": (*_SIMPLE, {"num_mma_warps": 4}),
     "w4i": (*_SIMPLE, {"num_mma_warps": 4, "inline_producer": True}),
     "w4i_nophase": (*_SIMPLE, {"num_mma_warps": 4, "inline_producer": True, "phased": False}),
-    "w4i_lazy": (*_SIMPLE, {"num_mma_warps": 4, "inline_producer": True, "rescale_threshold": 8.0}),
     "ws": ("block_sparse_fwd128_sm120_ws", "BlockSparseFwd128Sm120WS", {}),
 }
 EXPERIMENTAL_VARIANTS = ("ws",)

@@ -93,15 +93,13 @@ class BlockSparseFwd128Sm120:
     arch_family = "mma.sync+tma"
 
     def __init__(self, kv_stages: int = 2, num_mma_warps: int = 8, phased: bool = True,
-                 inline_producer: bool = False, rescale_threshold: float = 0.0):
+                 inline_producer: bool = False):
         """``num_mma_warps``: 8 (16 query rows each) or 4 (32 rows each: every K/V fragment read
         from shared memory feeds two row blocks, half the ldmatrix traffic per MMA).
         ``inline_producer``: no producer warp; MMA warp 0 issues the TMA loads, each
         ``kv_stages`` chunks ahead, as soon as every warp has released the stage (so 4 warps x 255
         registers leave room for two CTAs per SM where shared memory allows, as on the H200).
-        ``phased``: the phased walk (off only to measure what it buys).
-        ``rescale_threshold`` (log2 units; 0: rescale O on every new row max, as FA2 does): keep
-        the reference max until a new one exceeds it by more than this, skipping most rescales."""
+        ``phased``: the phased walk (off only to measure what it buys)."""
         assert num_mma_warps in (4, 8), "4 warps (32 query rows each) or 8 warps (16 rows each)"
         assert kv_stages >= 2 or not inline_producer, "the inline producer needs two stages to run ahead"
         self.dtype = cutlass.BFloat16
@@ -112,7 +110,6 @@ class BlockSparseFwd128Sm120:
         self.producer_warp = num_mma_warps
         self.num_threads = self.num_mma_threads + (0 if inline_producer else 32)
         self.phased = phased
-        self.rescale_threshold = float(rescale_threshold)
         self.softmax_scale_log2 = (1.0 / math.sqrt(HEAD_DIM)) * math.log2(math.e)
         tile_bytes = 2 * HEAD_DIM * (BLOCK + 2 * CHUNK * kv_stages)
         assert tile_bytes + 1024 <= SMEM_CAPACITY, "exceeds the GB10's 99 KB of shared memory"
@@ -120,7 +117,7 @@ class BlockSparseFwd128Sm120:
     def config_name(self) -> str:
         """A short, stable name of this configuration (benchmarks and cache keys)."""
         return (f"w{self.num_mma_warps}s{self.kv_stages}{'i' if self.inline_producer else 'p'}"
-                f"{'' if self.phased else '-nophase'}{'' if not self.rescale_threshold else '-lazy'}")
+                f"{'' if self.phased else '-nophase'}")
 
     # ------------------------------------------------------------------ host side
     @cute.jit
@@ -436,30 +433,14 @@ class BlockSparseFwd128Sm120:
                     cur_max = row.reduce(cute.ReductionOp.MAX, row_max[r], 0)
                     cur_max = cute.arch.warp_reduction_max(cur_max, threads_in_group=4)
                     prev_max = row_max[r]
-                    if const_expr(self.rescale_threshold > 0.0):
-                        # Lazy rescaling: keep the old reference max unless the new one exceeds it
-                        # by more than the threshold (P stays <= 2**threshold); O and the sum share
-                        # the reference, so the result is the same softmax. A first finite max
-                        # always replaces -inf; an all -inf (or NaN) chunk never moves it.
-                        if cur_max > prev_max + Float32(self.rescale_threshold / self.softmax_scale_log2):
-                            row_max[r] = cur_max
-                            alpha = cute.math.exp2((prev_max - cur_max) * scale_log2, fastmath=True)
-                            row_sum[r] = row_sum[r] * alpha
-                            acc_O_mn[r, None].store(acc_O_mn[r, None].load() * alpha)
-                        ref_max = row_max[r]
-                        safe_ref = Float32(0.0) if ref_max == -Float32.inf else ref_max
-                        p = cute.math.exp2(row * scale_log2 - safe_ref * scale_log2, fastmath=True)
-                        acc_S_mn[r, None].store(p)
-                        row_sum[r] = row_sum[r] + p.reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
-                    else:
-                        row_max[r] = cur_max
-                        # A row whose scores are all -inf (or NaN) so far: exponents relative to 0.
-                        safe_max = Float32(0.0) if cur_max == -Float32.inf else cur_max
-                        p = cute.math.exp2(row * scale_log2 - safe_max * scale_log2, fastmath=True)
-                        acc_S_mn[r, None].store(p)
-                        alpha = cute.math.exp2((prev_max - safe_max) * scale_log2, fastmath=True)
-                        row_sum[r] = row_sum[r] * alpha + p.reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
-                        acc_O_mn[r, None].store(acc_O_mn[r, None].load() * alpha)
+                    row_max[r] = cur_max
+                    # A row whose scores are all -inf (or NaN) so far: exponents relative to 0.
+                    safe_max = Float32(0.0) if cur_max == -Float32.inf else cur_max
+                    p = cute.math.exp2(row * scale_log2 - safe_max * scale_log2, fastmath=True)
+                    acc_S_mn[r, None].store(p)
+                    alpha = cute.math.exp2((prev_max - safe_max) * scale_log2, fastmath=True)
+                    row_sum[r] = row_sum[r] * alpha + p.reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
+                    acc_O_mn[r, None].store(acc_O_mn[r, None].load() * alpha)
             rP = cute.make_rmem_tensor(acc_S_shape, self.dtype)
             tOrP = _acc_as_a_operand(rP)
             # ---- O += P V

@@ -22,7 +22,7 @@ pytest.importorskip("cutlass")
 TARGETS = ("sm_121a", "sm_120a", "sm_90a")
 NAME = "block_sparse_fwd128_sm120"
 NAMES = (NAME, "block_sparse_fwd128_sm120_w4", "block_sparse_fwd128_sm120_w4i", "block_sparse_fwd128_sm120_w4i_nophase",
-         "block_sparse_fwd128_sm120_w4i_lazy", "block_sparse_fwd128_sm120_ws")
+         "block_sparse_fwd128_sm120_ws")
 
 
 def _run(args, **kw):
