@@ -495,9 +495,7 @@ class Runner:
                                                          bshd=bshd, sm_scale=q.shape[-1] ** -0.5, need_lse=False)
                     with torch.no_grad():
                         ms = self.bench(call)
-                from fastvideo_cute.metadata import map_to_index
-
-                meta = self.bench(lambda: map_to_index(case.block_map))
+                meta = self._metadata_ms("sm120", "sm120", case, mode)  # map_to_index
                 return {"ms": ms, "metadata_ms": meta, "served_by": "sm120", "extra": {"variant": variant}}
 
             self.guarded(case, "route", "sm120" if variant == "simple" else f"sm120[{variant}]", mode, go)

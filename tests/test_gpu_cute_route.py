@@ -122,6 +122,13 @@ def test_sm120_kernel_serves_vsa_inference_when_named(monkeypatch):
     err = _nerr(out, ref)
     print(f"\n[sm120 vsa inference] out nerr={err:.2e}")
     assert err < OUT_TOL
+    # BSHD: the backend transposes to the kernel's BHSD and back.
+    with torch.no_grad():
+        out_bshd = fvc.video_sparse_attn_bshd(*(t.transpose(1, 2).contiguous() for t in (q, k, v)), sizes, sizes,
+                                              topk, block_size=(2, 8, 8))
+    err_bshd = _nerr(out_bshd.transpose(1, 2), ref)
+    print(f"[sm120 vsa inference, bshd] out nerr={err_bshd:.2e}")
+    assert err_bshd < OUT_TOL
     m = torch.ones(1, h, nb, nb, dtype=torch.bool, device="cuda")
     with pytest.raises(RouteError, match="returns no LSE"), torch.no_grad():
         fvc.block_sparse_attn_128(q, k, v, m, sizes)

@@ -29,6 +29,10 @@ from typing import Optional, Tuple
 
 import torch
 
+from fastvideo_cute.kernels.cute.block_sparse_fwd128 import EXPERIMENTAL_VARIANTS  # names only: no CuTe import
+from fastvideo_cute.kernels.cute.block_sparse_fwd128 import VARIANTS as _KERNEL_VARIANTS
+from fastvideo_cute.kernels.cute.block_sparse_fwd128 import registry_name
+
 from ._checks import LaunchLimits, check_list_forward, cute_dsl_importable, device_arch  # noqa: F401 (re-exported)
 
 __all__ = [
@@ -92,10 +96,6 @@ def sm120_fwd_support(
 # (8 MMA warps + a TMA producer warp; the default), "w4", "w4i", "w4i_nophase" (4 MMA warps of
 # 32 rows; with or without a producer warp) and "ws" (seed 004's two warp groups; EXPERIMENTAL:
 # it hung in its first H200 run, so it is used only when asked for by name with the opt-in).
-from fastvideo_cute.kernels.cute.block_sparse_fwd128 import EXPERIMENTAL_VARIANTS  # noqa: E402 (no CuTe import)
-from fastvideo_cute.kernels.cute.block_sparse_fwd128 import VARIANTS as _KERNEL_VARIANTS  # noqa: E402
-from fastvideo_cute.kernels.cute.block_sparse_fwd128 import registry_name  # noqa: E402
-
 VARIANTS = tuple(_KERNEL_VARIANTS)
 _VARIANT_ENV = "FASTVIDEO_CUTE_SM120_KERNEL"
 _EXPERIMENTAL_ENV = "FASTVIDEO_CUTE_ALLOW_EXPERIMENTAL"
@@ -150,8 +150,8 @@ def sm120_block_sparse_fwd(
     """Block-sparse attention forward, 128-token blocks, inference only (see the module
     docstring). Returns ``out`` (``[B, H, S, 128]`` bf16, allocated if None; every element is
     written). Raises ``ValueError`` naming the reason when :func:`sm120_fwd_support` refuses.
-    ``variant``: one of ``VARIANTS`` (default: ``$FASTVIDEO_CUTE_SM120_KERNEL``, else "simple")."""
-    variant = default_variant(sm120_arch(q.device) if q.is_cuda else None) if variant is None else variant
+    ``variant``: one of ``VARIANTS`` (default: :func:`default_variant` for this device's arch)."""
+    variant = default_variant(sm120_arch(q.device)) if variant is None else variant
     if variant not in VARIANTS:
         raise ValueError(f"sm120_block_sparse_fwd: variant must be one of {VARIANTS}, got {variant!r}")
     if variant in EXPERIMENTAL_VARIANTS and os.environ.get(_EXPERIMENTAL_ENV, "") != "1":

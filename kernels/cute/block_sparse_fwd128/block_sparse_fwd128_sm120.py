@@ -114,11 +114,6 @@ class BlockSparseFwd128Sm120:
         tile_bytes = 2 * HEAD_DIM * (BLOCK + 2 * CHUNK * kv_stages)
         assert tile_bytes + 1024 <= SMEM_CAPACITY, "exceeds the GB10's 99 KB of shared memory"
 
-    def config_name(self) -> str:
-        """A short, stable name of this configuration (benchmarks and cache keys)."""
-        return (f"w{self.num_mma_warps}s{self.kv_stages}{'i' if self.inline_producer else 'p'}"
-                f"{'' if self.phased else '-nophase'}")
-
     # ------------------------------------------------------------------ host side
     @cute.jit
     def __call__(
