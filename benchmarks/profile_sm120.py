@@ -5,7 +5,9 @@ Each variant is compiled and run twice (JIT, warm caches), then launched once mo
 ``cudaProfilerStart``/``cudaProfilerStop``, so ``ncu --profile-from-start off`` records exactly one
 launch per variant, in the order printed. The lists are prebuilt (``map_to_index``) outside the
 profiled region. Shapes default to the issue's benchmark: B=1, H=12, S=32768, D=128, bf16,
-87.5 % of kv blocks skipped.
+87.5 % of kv blocks skipped. The name ``sdpa-flash`` profiles the peer instead: one dense torch SDPA
+forward on its flash backend (FlashAttention-2) with the same q, k, v, so both kernels can be read
+under the same metrics.
 
   ncu --profile-from-start off --csv --page raw \
       --metrics sm__warps_active.avg.pct_of_peak_sustained_active,lts__t_sector_op_read_hit_rate.pct,... \
@@ -44,12 +46,24 @@ def run(args) -> None:
     idx, num = map_to_index(block_map)
     vbs = torch.full((blocks,), 128, dtype=torch.int32, device="cuda")
     out = torch.empty_like(q)
+
+    def sdpa_flash():
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        with sdpa_kernel([SDPBackend.FLASH_ATTENTION]), torch.no_grad():
+            torch.nn.functional.scaled_dot_product_attention(q, k, v)
+
     for variant in args.variants:
+        if variant == "sdpa-flash":
+            call = sdpa_flash
+        else:
+            call = lambda variant=variant: cute_sm120.sm120_block_sparse_fwd(q, k, v, idx, num, vbs, out=out,
+                                                                              variant=variant)
         for _ in range(2):
-            cute_sm120.sm120_block_sparse_fwd(q, k, v, idx, num, vbs, out=out, variant=variant)
+            call()
         torch.cuda.synchronize()
         torch.cuda.cudart().cudaProfilerStart()
-        cute_sm120.sm120_block_sparse_fwd(q, k, v, idx, num, vbs, out=out, variant=variant)
+        call()
         torch.cuda.synchronize()
         torch.cuda.cudart().cudaProfilerStop()
         print(f"# profiled variant {variant}: B={b} H={h} S={s} topk={topk}/{blocks}", file=sys.stderr, flush=True)

@@ -1,7 +1,10 @@
 """Block-map metadata: index lists and logical -> physical block expansion.
 
 Everything here is plain torch on the tensors' own device: no host synchronisation, no
-atomics, and a result that depends only on the input values (sorted lists).
+atomics, and a result that depends only on the input values (sorted lists). The one exception
+is :func:`map_to_index` on a CUDA map, which runs one fused Triton launch
+(``fastvideo_cute.kernels.triton.map_to_index``) with the same result bit for bit; its torch
+path (:func:`_map_to_index_torch`) is the reference and the CPU path.
 
 Layouts (all int32, GPU-resident when the map is):
 - q2k: ``idx [B, H, Qb, KVb]`` (first ``num[b, h, i]`` entries are the kv blocks query block
@@ -25,11 +28,47 @@ __all__ = [
 
 
 def map_to_index(block_map: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Bool map ``[..., R, C]`` -> ``(idx [..., R, C] int32, num [..., R] int32)``.
+    """Bool map ``[..., R, C]`` -> ``(idx [..., R, C] int32, num [..., R] int32)``, both contiguous.
 
     Selected columns come first in ascending order, then the others in ascending order (what a
-    stable sort on "not selected" gives), built without a sort: each column's slot is a running
-    count (a cumsum), and one scatter of the column numbers fills the permutation.
+    stable sort on "not selected" gives); a non-bool map is read as ``!= 0``.
+
+    A CUDA map (at least 2-D, at most ``MAX_COLS`` columns) is converted by one fused Triton
+    launch (``fastvideo_cute.kernels.triton.map_to_index.map_to_index_fused``) when Triton is
+    importable; every other map (and any map while ``torch.compile`` traces, so the graph holds
+    plain torch ops) takes :func:`_map_to_index_torch`, the reference the fused kernel equals
+    bit for bit.
+    """
+    if block_map.is_cuda and block_map.dim() >= 2 and not torch.compiler.is_compiling():
+        fused = _fused_map_to_index()
+        if fused is not None and block_map.shape[-1] <= fused[1]:
+            return fused[0](block_map)
+    return _map_to_index_torch(block_map)
+
+
+_FUSED = None  # (map_to_index_fused, MAX_COLS) once imported; False if Triton is not importable
+
+
+def _fused_map_to_index():
+    """The fused kernel's entry point and column limit, imported lazily (and once): ``None``
+    when Triton (or the kernel module) cannot be imported."""
+    global _FUSED
+    if _FUSED is None:
+        try:
+            from fastvideo_cute.kernels.triton.map_to_index import MAX_COLS, map_to_index_fused
+        except Exception:  # noqa: BLE001 - no usable Triton: the torch path serves every map
+            _FUSED = False
+        else:
+            _FUSED = (map_to_index_fused, MAX_COLS)
+    return _FUSED or None
+
+
+def _map_to_index_torch(block_map: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The torch-ops form of :func:`map_to_index` (~6 launches on a GPU): the reference, and
+    the path for CPU maps.
+
+    Built without a sort: each column's slot is a running count (a cumsum), and one scatter of
+    the column numbers fills the permutation.
     """
     if block_map.dtype != torch.bool:
         block_map = block_map != 0

@@ -38,7 +38,8 @@ def _entry_call(w: Workload, q, k, v, block_map, sizes) -> Callable[[], Any]:
 def _triton_jit_count() -> Optional[int]:
     """Compiled Triton kernels held in this process (None under the interpreter / unknown)."""
     total, seen = 0, False
-    for modname in ("fastvideo_cute.kernels.triton.block_sparse_fwd", "fastvideo_cute.kernels.triton.block_sparse_bwd"):
+    for modname in ("fastvideo_cute.kernels.triton.block_sparse_fwd", "fastvideo_cute.kernels.triton.block_sparse_bwd",
+                    "fastvideo_cute.kernels.triton.map_to_index"):
         mod = sys.modules.get(modname)
         if mod is None:
             continue

@@ -59,6 +59,9 @@ _FWD128_NOTES = {
     "w4": "the same, 4 MMA warps of 32 rows (half the ldmatrix traffic per MMA) + a producer warp",
     "w4i": "4 MMA warps, no producer warp (MMA warp 0 issues the TMA loads): two CTAs per H200 SM",
     "w4i_nophase": "w4i without the phased walk (measures the walk's L2 effect)",
+    "w4i_split": "w4i with a branch-free P V for full chunks",
+    "w4r": "w4i_split with the TMA loads issued by the 4 warps in turn, the walk read two chunks ahead",
+    "simple_split": "simple with a branch-free P V for full chunks",
     "ws": "QK and PV warp groups overlapping through shared memory (experimental)",
 }
 
@@ -66,7 +69,7 @@ _FWD128_NOTES = {
 # Spill accepted per variant: the 4-warp variants (32 rows per warp, 251-255 registers) spill
 # 0 B with the CUDA 13 toolchain (nvidia-cutlass-dsl-libs-cu13, what the H200 runs used) on every
 # arch, and 136 B on sm_120a/sm_121a with the CUDA 12 one (CI's default install); sm_90a: 0 B.
-_FWD128_SPILL = {"w4": 136, "w4i": 136, "w4i_nophase": 136}
+_FWD128_SPILL = {"w4": 136, "w4i": 136, "w4i_nophase": 136, "w4i_split": 136, "w4r": 136}
 
 
 def _fwd128_spec(variant: str) -> CuteKernelSpec:

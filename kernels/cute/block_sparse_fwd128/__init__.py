@@ -26,6 +26,10 @@ TARGET_ARCHS = ("sm_90a", "sm_120a", "sm_121a")
 #   w4i          4 MMA warps, no producer warp (MMA warp 0 issues the loads): 128 threads
 #                x 255 registers, so two CTAs fit an H200 SM
 #   w4i_nophase  w4i without the phased walk (to measure what the walk buys in L2 hits)
+#   w4i_split    w4i with a branch-free P V for chunks whose keys are all valid
+#   w4r          w4i_split with the loads issued by the 4 warps in turn (not always warp 0), the
+#                walk read two chunks ahead
+#   simple_split simple with the branch-free P V for full chunks
 #   ws           seed 004's two warp groups, QK and PV, overlapping through shared memory
 #                (experimental: compiles for all three archs, hung in its first H200 run)
 _SIMPLE = ("block_sparse_fwd128_sm120", "BlockSparseFwd128Sm120")
@@ -34,6 +38,9 @@ VARIANTS = {
     "w4": (*_SIMPLE, {"num_mma_warps": 4}),
     "w4i": (*_SIMPLE, {"num_mma_warps": 4, "inline_producer": True}),
     "w4i_nophase": (*_SIMPLE, {"num_mma_warps": 4, "inline_producer": True, "phased": False}),
+    "w4i_split": (*_SIMPLE, {"num_mma_warps": 4, "inline_producer": True, "split_full": True}),
+    "w4r": (*_SIMPLE, {"num_mma_warps": 4, "inline_producer": True, "spread_producer": True, "split_full": True}),
+    "simple_split": (*_SIMPLE, {"split_full": True}),
     "ws": ("block_sparse_fwd128_sm120_ws", "BlockSparseFwd128Sm120WS", {}),
 }
 EXPERIMENTAL_VARIANTS = ("ws",)

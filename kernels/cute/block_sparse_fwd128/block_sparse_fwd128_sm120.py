@@ -93,15 +93,24 @@ class BlockSparseFwd128Sm120:
     arch_family = "mma.sync+tma"
 
     def __init__(self, kv_stages: int = 2, num_mma_warps: int = 8, phased: bool = True,
-                 inline_producer: bool = False):
+                 inline_producer: bool = False, spread_producer: bool = False, split_full: bool = False):
         """``num_mma_warps``: 8 (16 query rows each) or 4 (32 rows each: every K/V fragment read
         from shared memory feeds two row blocks, half the ldmatrix traffic per MMA).
         ``inline_producer``: no producer warp; MMA warp 0 issues the TMA loads, each
         ``kv_stages`` chunks ahead, as soon as every warp has released the stage (so 4 warps x 255
         registers leave room for two CTAs per SM where shared memory allows, as on the H200).
-        ``phased``: the phased walk (off only to measure what it buys)."""
+        ``phased``: the phased walk (off only to measure what it buys).
+        ``spread_producer`` (with ``inline_producer``): the loads of chunk ``c + 2`` are issued by
+        MMA warp ``c % num_mma_warps`` instead of always warp 0, and every warp reads the walk two
+        chunks ahead (the chunk row feeds those loads), so no warp, and no SM sub-partition (warp 0
+        of both resident CTAs shares one), carries the producer's work and list-read latency
+        every chunk.
+        ``split_full``: a chunk whose 64 keys are all valid runs a branch-free P V (fragment loads
+        overlap the mma); partial chunks keep the masking path."""
         assert num_mma_warps in (4, 8), "4 warps (32 query rows each) or 8 warps (16 rows each)"
         assert kv_stages >= 2 or not inline_producer, "the inline producer needs two stages to run ahead"
+        assert inline_producer or not spread_producer, "spread_producer spreads the inline producer"
+        assert kv_stages == 2 or not spread_producer, "spread_producer reads the walk exactly two chunks ahead"
         self.dtype = cutlass.BFloat16
         self.kv_stages = kv_stages
         self.num_mma_warps = num_mma_warps
@@ -110,6 +119,8 @@ class BlockSparseFwd128Sm120:
         self.producer_warp = num_mma_warps
         self.num_threads = self.num_mma_threads + (0 if inline_producer else 32)
         self.phased = phased
+        self.spread_producer = spread_producer
+        self.split_full = split_full
         self.softmax_scale_log2 = (1.0 / math.sqrt(HEAD_DIM)) * math.log2(math.e)
         tile_bytes = 2 * HEAD_DIM * (BLOCK + 2 * CHUNK * kv_stages)
         assert tile_bytes + 1024 <= SMEM_CAPACITY, "exceeds the GB10's 99 KB of shared memory"
@@ -318,6 +329,11 @@ class BlockSparseFwd128Sm120:
     def load_chunk(self, tma_atom, tXgX, tXsX, pipe, mIdx, mVbs, query, c, start, count, tiles, head_chunk):
         """Chunk ``c`` of the walk into its ring slot (K or V: the atom, views and pipeline say which)."""
         chunk, _ = self.walk_chunk(mIdx, mVbs, query, c, start, count, tiles, head_chunk)
+        self.issue_chunk(tma_atom, tXgX, tXsX, pipe, chunk, c)
+
+    @cute.jit
+    def issue_chunk(self, tma_atom, tXgX, tXsX, pipe, chunk, c):
+        """The TMA load of chunk row ``chunk`` as the walk's ``c``-th chunk (into its ring slot)."""
         state = self._producer_state(c)
         pipe.producer_acquire(state)
         cute.copy(tma_atom, tXgX[None, chunk], tXsX[None, state.index], tma_bar_ptr=pipe.producer_get_barrier(state))
@@ -390,13 +406,23 @@ class BlockSparseFwd128Sm120:
         v_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, stages)
         num_k_blocks = cute.size(tSrQ, mode=[2])
         num_pv_k_blocks = cute.size(tOrVt, mode=[2])
-        # The walk's list reads (index, then that tile's size: two dependent global loads) run one
-        # chunk ahead, so their latency overlaps the current chunk's math instead of starting it.
+        spread = const_expr(self.spread_producer)
+        # The walk's list reads (index, then that tile's size: two dependent global loads) run ahead
+        # of the math, so their latency overlaps a chunk's math instead of starting it: one chunk
+        # ahead, or two (spread producer), where the chunk row also feeds that chunk's loads.
         _, keys = self.walk_chunk(mIdx, mVbs, query, Int32(0), start, count, tiles, head_chunk)
+        keys_2nd = Int32(0)
+        if const_expr(spread):
+            _, keys_2nd = self.walk_chunk(mIdx, mVbs, query, cutlass.min(Int32(1), total - 1), start, count, tiles,
+                                          head_chunk)
+        ahead = 2 if self.spread_producer else 1
         for c in cutlass.range(total, unroll=1):
-            # (on the last chunk this re-reads the last entry: a harmless cached load, no branch)
-            _, keys_next = self.walk_chunk(mIdx, mVbs, query, cutlass.min(c + 1, total - 1), start, count, tiles,
-                                           head_chunk)
+            # (past the last chunk this re-reads the last entry: a harmless cached load, no branch)
+            row_ahead, keys_next = self.walk_chunk(mIdx, mVbs, query, cutlass.min(c + ahead, total - 1), start,
+                                                   count, tiles, head_chunk)
+            loader = Int32(0)  # the warp that issues chunk c + stages's loads (inline producer)
+            if const_expr(spread):
+                loader = c % self.num_mma_warps
             # ---- S = Q K^T
             acc_S = cute.make_rmem_tensor(acc_S_shape, Float32)
             pipeline_k.consumer_wait(k_state)
@@ -412,9 +438,12 @@ class BlockSparseFwd128Sm120:
                     cute.gemm(tiled_mma, acc_S, tSrQ[None, None, k], tSrK[None, None, k], acc_S)
             pipeline_k.consumer_release(k_state)
             if const_expr(self.inline_producer):
-                if warp_idx == 0 and c + stages < total:
-                    self.load_chunk(tma_atom_K, tKgK, tKsK, pipeline_k, mIdx, mVbs, query, c + stages, start, count,
-                                tiles, head_chunk)
+                if warp_idx == loader and c + stages < total:
+                    if const_expr(spread):
+                        self.issue_chunk(tma_atom_K, tKgK, tKsK, pipeline_k, row_ahead, c + stages)
+                    else:
+                        self.load_chunk(tma_atom_K, tKgK, tKsK, pipeline_k, mIdx, mVbs, query, c + stages, start,
+                                        count, tiles, head_chunk)
             if keys > 0:
                 # ---- mask keys at or past the chunk's valid count (a select: NaN scores go too)
                 if keys < CHUNK:
@@ -443,24 +472,39 @@ class BlockSparseFwd128Sm120:
             if keys > 0:
                 rP.store(acc_S.load().to(self.dtype))
                 tOsVt_cur = tOsVt[None, None, None, v_state.index]
-                for k in cutlass.range_constexpr(num_pv_k_blocks):
-                    cute.copy(thr_copy_V, tOsVt_cur[None, None, k], tOrVt_view[None, None, k])
-                    if keys < CHUNK:
-                        # P is 0 past the valid keys, but 0 * NaN in V's padding rows is NaN.
-                        tOrVt_k = tOrVt[None, None, k]
-                        tOcVt_k = tOcVt[None, None, k]
-                        for i in cutlass.range_constexpr(cute.size(tOrVt_k)):
-                            if tOcVt_k[i][1] >= keys:
-                                tOrVt_k[i] = self.dtype(0.0)
-                    cute.gemm(tiled_mma, acc_O, tOrP[None, None, k], tOrVt[None, None, k], acc_O)
+                if const_expr(self.split_full) and keys == CHUNK:
+                    # every key valid: no masking, and the next fragments load while this mma runs
+                    cute.copy(thr_copy_V, tOsVt_cur[None, None, 0], tOrVt_view[None, None, 0])
+                    for k in cutlass.range_constexpr(num_pv_k_blocks):
+                        if const_expr(k + 1 < num_pv_k_blocks):
+                            cute.copy(thr_copy_V, tOsVt_cur[None, None, k + 1], tOrVt_view[None, None, k + 1])
+                        cute.gemm(tiled_mma, acc_O, tOrP[None, None, k], tOrVt[None, None, k], acc_O)
+                else:
+                    for k in cutlass.range_constexpr(num_pv_k_blocks):
+                        cute.copy(thr_copy_V, tOsVt_cur[None, None, k], tOrVt_view[None, None, k])
+                        if keys < CHUNK:
+                            # P is 0 past the valid keys, but 0 * NaN in V's padding rows is NaN.
+                            tOrVt_k = tOrVt[None, None, k]
+                            tOcVt_k = tOcVt[None, None, k]
+                            for i in cutlass.range_constexpr(cute.size(tOrVt_k)):
+                                if tOcVt_k[i][1] >= keys:
+                                    tOrVt_k[i] = self.dtype(0.0)
+                        cute.gemm(tiled_mma, acc_O, tOrP[None, None, k], tOrVt[None, None, k], acc_O)
             pipeline_v.consumer_release(v_state)
             if const_expr(self.inline_producer):
-                if warp_idx == 0 and c + stages < total:
-                    self.load_chunk(tma_atom_V, tVgV, tVsV, pipeline_v, mIdx, mVbs, query, c + stages, start, count,
-                                tiles, head_chunk)
+                if warp_idx == loader and c + stages < total:
+                    if const_expr(spread):
+                        self.issue_chunk(tma_atom_V, tVgV, tVsV, pipeline_v, row_ahead, c + stages)
+                    else:
+                        self.load_chunk(tma_atom_V, tVgV, tVsV, pipeline_v, mIdx, mVbs, query, c + stages, start,
+                                        count, tiles, head_chunk)
             k_state.advance()
             v_state.advance()
-            keys = keys_next
+            if const_expr(spread):
+                keys = keys_2nd
+                keys_2nd = keys_next
+            else:
+                keys = keys_next
 
         # ---- epilogue: normalise, zero the rows without keys and the padding rows
         for r in cutlass.range_constexpr(num_rows):
