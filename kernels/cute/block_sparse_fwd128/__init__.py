@@ -28,8 +28,9 @@ TARGET_ARCHS = ("sm_90a", "sm_120a", "sm_121a")
 #   w4i_nophase  w4i without the phased walk (to measure what the walk buys in L2 hits)
 #   w4i_split    w4i with a branch-free P V for chunks whose keys are all valid
 #   w4r          w4i_split with the loads issued by the 4 warps in turn (not always warp 0), the
-#                walk read two chunks ahead
-#   simple_split simple with the branch-free P V for full chunks
+#                walk read two chunks ahead (the sm_90 default)
+#   w4r_nophase  w4r without the phased walk
+#   simple_split simple with the branch-free P V for full chunks (the sm_12x default)
 #   ws           seed 004's two warp groups, QK and PV, overlapping through shared memory
 #                (experimental: compiles for all three archs, hung in its first H200 run)
 _SIMPLE = ("block_sparse_fwd128_sm120", "BlockSparseFwd128Sm120")
@@ -40,6 +41,8 @@ VARIANTS = {
     "w4i_nophase": (*_SIMPLE, {"num_mma_warps": 4, "inline_producer": True, "phased": False}),
     "w4i_split": (*_SIMPLE, {"num_mma_warps": 4, "inline_producer": True, "split_full": True}),
     "w4r": (*_SIMPLE, {"num_mma_warps": 4, "inline_producer": True, "spread_producer": True, "split_full": True}),
+    "w4r_nophase": (*_SIMPLE, {"num_mma_warps": 4, "inline_producer": True, "spread_producer": True,
+                               "split_full": True, "phased": False}),
     "simple_split": (*_SIMPLE, {"split_full": True}),
     "ws": ("block_sparse_fwd128_sm120_ws", "BlockSparseFwd128Sm120WS", {}),
 }

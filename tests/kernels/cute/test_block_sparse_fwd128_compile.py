@@ -84,6 +84,19 @@ def test_compile_check_fails_on_missing_instruction(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
+def test_constructor_refuses_inconsistent_configs():
+    """spread_producer spreads the inline producer's loads over the MMA warps and reads the walk
+    exactly two chunks ahead: it needs the inline producer and two ring stages."""
+    from fastvideo_cute.kernels.cute.block_sparse_fwd128.block_sparse_fwd128_sm120 import BlockSparseFwd128Sm120
+
+    with pytest.raises(AssertionError, match="inline producer"):
+        BlockSparseFwd128Sm120(num_mma_warps=4, spread_producer=True)
+    with pytest.raises(AssertionError, match="two chunks ahead"):
+        BlockSparseFwd128Sm120(num_mma_warps=4, inline_producer=True, spread_producer=True, kv_stages=3)
+    k = BlockSparseFwd128Sm120(num_mma_warps=4, inline_producer=True, spread_producer=True, split_full=True)
+    assert (k.num_threads, k.spread_producer, k.split_full) == (128, True, True)
+
+
 def test_arch_table_and_limits_agree():
     from fastvideo_cute.adapters import cute_sm120
     from fastvideo_cute.kernels.cute import block_sparse_fwd128 as pkg
@@ -130,15 +143,15 @@ def test_support_predicate_on_cpu_tensors():
 
 
 def test_default_variant_per_arch(monkeypatch):
-    """The measured choice per arch (w4i on the H200; simple on the GB10's one-CTA-per-SM budget),
-    the environment overriding it, and a bad name refused."""
+    """The measured choice per arch (w4r on the H200; simple_split on the GB10's one-CTA-per-SM
+    budget), the environment overriding it, and a bad name refused."""
     from fastvideo_cute.adapters import cute_sm120
 
     monkeypatch.delenv("FASTVIDEO_CUTE_SM120_KERNEL", raising=False)
-    assert cute_sm120.default_variant("sm_90a") == "w4i"
-    assert cute_sm120.default_variant("sm_121a") == "simple"
-    assert cute_sm120.default_variant("sm_120a") == "simple"
-    assert cute_sm120.default_variant() == "simple"
+    assert cute_sm120.default_variant("sm_90a") == "w4r"
+    assert cute_sm120.default_variant("sm_121a") == "simple_split"
+    assert cute_sm120.default_variant("sm_120a") == "simple_split"
+    assert cute_sm120.default_variant() == "simple_split"
     monkeypatch.setenv("FASTVIDEO_CUTE_SM120_KERNEL", "w4")
     assert cute_sm120.default_variant("sm_90a") == "w4"
     monkeypatch.setenv("FASTVIDEO_CUTE_SM120_KERNEL", "nope")
