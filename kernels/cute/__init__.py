@@ -62,6 +62,8 @@ _FWD128_NOTES = {
     "w4i_split": "w4i with a branch-free P V for full chunks",
     "w4r": "w4i_split with the TMA loads issued by the 4 warps in turn, the walk read two chunks ahead",
     "w4r_nophase": "w4r without the phased walk (measures the walk's L2 effect)",
+    "w4r2": "w4r with the walk read 32 entries at a time, one per lane (a shuffle per chunk, no list reads)",
+    "w4r3": "w4r2 with each K load issued after the softmax (its slot is then most likely free)",
     "simple_split": "simple with a branch-free P V for full chunks",
     "ws": "QK and PV warp groups overlapping through shared memory (experimental)",
 }
@@ -70,7 +72,7 @@ _FWD128_NOTES = {
 # Spill accepted per variant: the 4-warp variants (32 rows per warp, 251-255 registers) spill
 # 0 B with the CUDA 13 toolchain (nvidia-cutlass-dsl-libs-cu13, what the H200 runs used) on every
 # arch, and 136 B on sm_120a/sm_121a with the CUDA 12 one (CI's default install); sm_90a: 0 B.
-_FWD128_SPILL = {"w4": 136, "w4i": 136, "w4i_nophase": 136, "w4i_split": 136, "w4r": 136, "w4r_nophase": 136}
+_FWD128_SPILL = {"w4": 136, "w4i": 136, "w4i_nophase": 136, "w4i_split": 136, "w4r": 136, "w4r_nophase": 136, "w4r2": 136, "w4r3": 136}
 
 
 def _fwd128_spec(variant: str) -> CuteKernelSpec:

@@ -30,6 +30,8 @@ TARGET_ARCHS = ("sm_90a", "sm_120a", "sm_121a")
 #   w4r          w4i_split with the loads issued by the 4 warps in turn (not always warp 0), the
 #                walk read two chunks ahead (the sm_90 default)
 #   w4r_nophase  w4r without the phased walk
+#   w4r2         w4r with the walk read 32 entries at a time, one per lane, each chunk's by a shuffle
+#   w4r3         w4r2 with the K load of chunk c + 2 issued after chunk c's softmax
 #   simple_split simple with the branch-free P V for full chunks (the sm_12x default)
 #   ws           seed 004's two warp groups, QK and PV, overlapping through shared memory
 #                (experimental: compiles for all three archs, hung in its first H200 run)
@@ -43,6 +45,10 @@ VARIANTS = {
     "w4r": (*_SIMPLE, {"num_mma_warps": 4, "inline_producer": True, "spread_producer": True, "split_full": True}),
     "w4r_nophase": (*_SIMPLE, {"num_mma_warps": 4, "inline_producer": True, "spread_producer": True,
                                "split_full": True, "phased": False}),
+    "w4r2": (*_SIMPLE, {"num_mma_warps": 4, "inline_producer": True, "spread_producer": True, "split_full": True,
+                        "lane_walk": True}),
+    "w4r3": (*_SIMPLE, {"num_mma_warps": 4, "inline_producer": True, "spread_producer": True, "split_full": True,
+                        "lane_walk": True, "late_k_issue": True}),
     "simple_split": (*_SIMPLE, {"split_full": True}),
     "ws": ("block_sparse_fwd128_sm120_ws", "BlockSparseFwd128Sm120WS", {}),
 }

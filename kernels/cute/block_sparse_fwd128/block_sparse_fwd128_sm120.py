@@ -93,7 +93,8 @@ class BlockSparseFwd128Sm120:
     arch_family = "mma.sync+tma"
 
     def __init__(self, kv_stages: int = 2, num_mma_warps: int = 8, phased: bool = True,
-                 inline_producer: bool = False, spread_producer: bool = False, split_full: bool = False):
+                 inline_producer: bool = False, spread_producer: bool = False, split_full: bool = False,
+                 lane_walk: bool = False, late_k_issue: bool = False):
         """``num_mma_warps``: 8 (16 query rows each) or 4 (32 rows each: every K/V fragment read
         from shared memory feeds two row blocks, half the ldmatrix traffic per MMA).
         ``inline_producer``: no producer warp; MMA warp 0 issues the TMA loads, each
@@ -106,11 +107,20 @@ class BlockSparseFwd128Sm120:
         of both resident CTAs shares one), carries the producer's work and list-read latency
         every chunk.
         ``split_full``: a chunk whose 64 keys are all valid runs a branch-free P V (fragment loads
-        overlap the mma); partial chunks keep the masking path."""
+        overlap the mma); partial chunks keep the masking path.
+        ``lane_walk`` (spread producer): every warp reads 32 walk entries at once, one per lane
+        (index and tile size, coalesced), and takes each chunk's entry from its lane with one
+        shuffle, so the per-chunk path has no global list reads (two dependent loads whose results
+        the compiler moves to uniform registers at once, stalling the warp on them).
+        ``late_k_issue`` (inline producer): the K load of chunk ``c + 2`` is issued after chunk
+        ``c``'s softmax instead of right after its S = Q K^T, when every warp has most likely
+        released the K slot, so the issuing warp rarely waits for the others."""
         assert num_mma_warps in (4, 8), "4 warps (32 query rows each) or 8 warps (16 rows each)"
         assert kv_stages >= 2 or not inline_producer, "the inline producer needs two stages to run ahead"
         assert inline_producer or not spread_producer, "spread_producer spreads the inline producer"
         assert kv_stages == 2 or not spread_producer, "spread_producer reads the walk exactly two chunks ahead"
+        assert spread_producer or not lane_walk, "lane_walk serves the spread producer's walk"
+        assert inline_producer or not late_k_issue, "late_k_issue moves the inline producer's K load"
         self.dtype = cutlass.BFloat16
         self.kv_stages = kv_stages
         self.num_mma_warps = num_mma_warps
@@ -120,6 +130,8 @@ class BlockSparseFwd128Sm120:
         self.num_threads = self.num_mma_threads + (0 if inline_producer else 32)
         self.phased = phased
         self.spread_producer = spread_producer
+        self.lane_walk = lane_walk
+        self.late_k_issue = late_k_issue
         self.split_full = split_full
         self.softmax_scale_log2 = (1.0 / math.sqrt(HEAD_DIM)) * math.log2(math.e)
         tile_bytes = 2 * HEAD_DIM * (BLOCK + 2 * CHUNK * kv_stages)
@@ -188,14 +200,53 @@ class BlockSparseFwd128Sm120:
     def walk_entry(self, mIdx: cute.Tensor, mVbs: cute.Tensor, query: Int32, e: Int32, start: Int32,
                    count: Int32, tiles: Int32):
         """Entry ``e`` of the rotated walk: (kv tile, its valid keys); invalid tiles have 0 keys."""
+        kv_tile = self.walk_tile(mIdx, query, e, start, count)
+        return kv_tile, self.tile_keys(mVbs, kv_tile, tiles)
+
+    @cute.jit
+    def walk_tile(self, mIdx: cute.Tensor, query: Int32, e: Int32, start: Int32, count: Int32):
+        """The kv tile of entry ``e`` of the rotated walk, as listed (unchecked)."""
         at = e + start
         if at >= count:
             at = at - count
-        kv_tile = mIdx[query, at]
+        return mIdx[query, at]
+
+    @cute.jit
+    def tile_keys(self, mVbs: cute.Tensor, kv_tile: Int32, tiles: Int32):
+        """The valid keys of a listed kv tile, 0..128 (0 for an index outside [0, tiles))."""
         valid = Int32(0)
         if kv_tile >= 0 and kv_tile < tiles:
             valid = cutlass.min(cutlass.max(mVbs[kv_tile], Int32(0)), Int32(BLOCK))
+        return valid
+
+    @cute.jit
+    def lane_entries(self, mIdx: cute.Tensor, mVbs: cute.Tensor, query: Int32, first: Int32, start: Int32,
+                     count: Int32, tiles: Int32, lane: Int32):
+        """Walk entry ``first + lane``: (its kv tile, its valid keys); (0, 0) past the walk's end."""
+        e = first + lane
+        kv_tile = Int32(0)
+        valid = Int32(0)
+        if e < count:
+            kv_tile = self.walk_tile(mIdx, query, e, start, count)
+            valid = self.tile_keys(mVbs, kv_tile, tiles)
         return kv_tile, valid
+
+    @cute.jit
+    def lane_chunk(self, lane_tile: Int32, lane_valid: Int32, c: Int32, head_chunk: Int32):
+        """Chunk ``c`` from the warp's 32 lane entries (entry ``c // 2`` sits in lane ``c // 2 % 32``):
+        (chunk row to load, valid keys in it, 0..64)."""
+        src = (c // 2) % 32
+        kv_tile = cute.arch.shuffle_sync(lane_tile, src)
+        valid = cute.arch.shuffle_sync(lane_valid, src)
+        return self.chunk_of(kv_tile, valid, c, head_chunk)
+
+    @cute.jit
+    def chunk_of(self, kv_tile: Int32, valid: Int32, c: Int32, head_chunk: Int32):
+        """Chunk ``c`` (half ``c % 2`` of its entry's tile): (chunk row to load, valid keys, 0..64)."""
+        h = c % 2
+        keys = cutlass.min(cutlass.max(valid - h * CHUNK, Int32(0)), Int32(CHUNK))
+        safe_tile = kv_tile if valid > 0 else Int32(0)
+        return head_chunk + safe_tile * 2 + h, keys
 
     @cute.jit
     def walk_chunk(self, mIdx: cute.Tensor, mVbs: cute.Tensor, query: Int32, c: Int32, start: Int32,
@@ -204,10 +255,7 @@ class BlockSparseFwd128Sm120:
         in it, 0..64). A chunk without valid keys is still loaded, from a safe address in this
         head, and skipped by the math, so producer and consumers need no shared skip logic."""
         kv_tile, valid = self.walk_entry(mIdx, mVbs, query, c // 2, start, count, tiles)
-        h = c % 2
-        keys = cutlass.min(cutlass.max(valid - h * CHUNK, Int32(0)), Int32(CHUNK))
-        safe_tile = kv_tile if valid > 0 else Int32(0)
-        return head_chunk + safe_tile * 2 + h, keys
+        return self.chunk_of(kv_tile, valid, c, head_chunk)
 
     @cute.kernel
     def kernel(
@@ -410,16 +458,38 @@ class BlockSparseFwd128Sm120:
         # The walk's list reads (index, then that tile's size: two dependent global loads) run ahead
         # of the math, so their latency overlaps a chunk's math instead of starting it: one chunk
         # ahead, or two (spread producer), where the chunk row also feeds that chunk's loads.
-        _, keys = self.walk_chunk(mIdx, mVbs, query, Int32(0), start, count, tiles, head_chunk)
+        by_lane = const_expr(self.lane_walk)
         keys_2nd = Int32(0)
+        lane = tidx % 32
+        lane_tile = Int32(0)  # (lane walk) entry 32 * j + lane of the walk: its tile and valid keys
+        lane_valid = Int32(0)
         if const_expr(spread):
-            _, keys_2nd = self.walk_chunk(mIdx, mVbs, query, cutlass.min(Int32(1), total - 1), start, count, tiles,
-                                          head_chunk)
+            keys = Int32(0)
+            if total > 0:  # (no list read at all for a query tile without entries)
+                if const_expr(by_lane):
+                    lane_tile, lane_valid = self.lane_entries(mIdx, mVbs, query, Int32(0), start, count, tiles, lane)
+                    _, keys = self.lane_chunk(lane_tile, lane_valid, Int32(0), head_chunk)
+                    _, keys_2nd = self.lane_chunk(lane_tile, lane_valid, Int32(1), head_chunk)
+                else:
+                    _, keys = self.walk_chunk(mIdx, mVbs, query, Int32(0), start, count, tiles, head_chunk)
+                    _, keys_2nd = self.walk_chunk(mIdx, mVbs, query, cutlass.min(Int32(1), total - 1), start,
+                                                  count, tiles, head_chunk)
+        else:
+            _, keys = self.walk_chunk(mIdx, mVbs, query, Int32(0), start, count, tiles, head_chunk)
         ahead = 2 if self.spread_producer else 1
         for c in cutlass.range(total, unroll=1):
-            # (past the last chunk this re-reads the last entry: a harmless cached load, no branch)
-            row_ahead, keys_next = self.walk_chunk(mIdx, mVbs, query, cutlass.min(c + ahead, total - 1), start,
-                                                   count, tiles, head_chunk)
+            # (past the last chunk these re-read the last entry: harmless cached loads, no branch)
+            row_ahead = Int32(0)
+            keys_next = Int32(0)
+            if const_expr(by_lane):
+                # chunk c + 2 starts the next 32 entries: the lanes read them (warp-uniform branch)
+                if (c + 2) % 64 == 0 and c + 2 < total:
+                    lane_tile, lane_valid = self.lane_entries(mIdx, mVbs, query, (c + 2) // 2, start, count, tiles,
+                                                              lane)
+                row_ahead, keys_next = self.lane_chunk(lane_tile, lane_valid, c + 2, head_chunk)
+            else:
+                row_ahead, keys_next = self.walk_chunk(mIdx, mVbs, query, cutlass.min(c + ahead, total - 1), start,
+                                                       count, tiles, head_chunk)
             loader = Int32(0)  # the warp that issues chunk c + stages's loads (inline producer)
             if const_expr(spread):
                 loader = c % self.num_mma_warps
@@ -437,7 +507,7 @@ class BlockSparseFwd128Sm120:
                         cute.copy(thr_copy_K, tSsK_cur[None, None, k + 1], tSrK_view[None, None, k + 1])
                     cute.gemm(tiled_mma, acc_S, tSrQ[None, None, k], tSrK[None, None, k], acc_S)
             pipeline_k.consumer_release(k_state)
-            if const_expr(self.inline_producer):
+            if const_expr(self.inline_producer and not self.late_k_issue):
                 if warp_idx == loader and c + stages < total:
                     if const_expr(spread):
                         self.issue_chunk(tma_atom_K, tKgK, tKsK, pipeline_k, row_ahead, c + stages)
@@ -465,6 +535,13 @@ class BlockSparseFwd128Sm120:
                     alpha = cute.math.exp2((prev_max - safe_max) * scale_log2, fastmath=True)
                     row_sum[r] = row_sum[r] * alpha + p.reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
                     acc_O_mn[r, None].store(acc_O_mn[r, None].load() * alpha)
+            if const_expr(self.late_k_issue):
+                if warp_idx == loader and c + stages < total:
+                    if const_expr(spread):
+                        self.issue_chunk(tma_atom_K, tKgK, tKsK, pipeline_k, row_ahead, c + stages)
+                    else:
+                        self.load_chunk(tma_atom_K, tKgK, tKsK, pipeline_k, mIdx, mVbs, query, c + stages, start,
+                                        count, tiles, head_chunk)
             rP = cute.make_rmem_tensor(acc_S_shape, self.dtype)
             tOrP = _acc_as_a_operand(rP)
             # ---- O += P V

@@ -194,6 +194,14 @@ def test_many_waves():
     check(make_case(num_blocks=64, topk=24, heads=8, ragged=True, seed=17))
 
 
+def test_walks_longer_than_a_warp():
+    """Selections of more than 32 and 64 entries (the lane-walk variants read the walk 32 entries at
+    a time, one per lane, and refill every 32), phased (2 * count <= tiles) and walked from the
+    front, beside zero counts, ragged sizes and selected blocks of size 0."""
+    check(make_case(num_blocks=136, counts=(33, 64, 65, 68, 0, 97, 31, 32, 130), heads=2, ragged=True,
+                    empty_blocks=(3, 77), seed=37))
+
+
 def test_long_selections_walk_from_the_front():
     """Selections of more than half of the tiles (the walk starts at entry 0)."""
     check(make_case(num_blocks=12, topk=10, heads=4, ragged=True, seed=18))
