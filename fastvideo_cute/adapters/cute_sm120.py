@@ -94,7 +94,7 @@ def sm120_fwd_support(
 
 # Kernel variants of one contract (kernels/cute/block_sparse_fwd128: VARIANTS lists them): "simple"
 # and "simple_split" (8 MMA warps + a TMA producer warp), "w4", "w4i", "w4i_nophase", "w4i_split",
-# "w4r", "w4r_nophase" (4 MMA warps of 32 rows; with or without a producer warp) and "ws" (seed
+# "w4r", "w4r_nophase", "w4r2", "w4r3" (4 MMA warps of 32 rows; with or without a producer warp) and "ws" (seed
 # 004's two warp groups; EXPERIMENTAL: it hung in its first H200 run, so it is used only when
 # asked for by name with the opt-in).
 VARIANTS = tuple(_KERNEL_VARIANTS)
@@ -102,13 +102,13 @@ _VARIANT_ENV = "FASTVIDEO_CUTE_SM120_KERNEL"
 _EXPERIMENTAL_ENV = "FASTVIDEO_CUTE_ALLOW_EXPERIMENTAL"
 
 
-# The variant per target arch, from benchmarks/results/vsa_h200_sm120.json: on the H200 "w4r"
-# (two 128-thread CTAs per SM, loads issued by the warps in turn, branch-free P V on full chunks)
-# measured fastest, 1.05-1.08x "w4i". The GB10's 99 KB of shared memory holds one 96 KB CTA per
+# The variant per target arch, from benchmarks/results/vsa_h200_sm120.json: on the H200 "w4r3"
+# (two 128-thread CTAs per SM, loads issued by the warps in turn, the walk read by lanes, branch-free
+# P V on full chunks) measured fastest, 1.06-1.09x "w4i". The GB10's 99 KB of shared memory holds one 96 KB CTA per
 # SM, where a 4-warp variant would run 4 warps per SM ("w4", one CTA per SM on the H200 too,
 # measured slowest); so sm_12x runs the 8-warp "simple_split" (1.03-1.05x "simple" on the H200)
 # until a GB10 measures otherwise.
-DEFAULT_VARIANT_BY_ARCH = {"sm_90a": "w4r", "sm_120a": "simple_split", "sm_121a": "simple_split"}
+DEFAULT_VARIANT_BY_ARCH = {"sm_90a": "w4r3", "sm_120a": "simple_split", "sm_121a": "simple_split"}
 
 
 def default_variant(arch: Optional[str] = None) -> str:

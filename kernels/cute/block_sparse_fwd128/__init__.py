@@ -28,10 +28,10 @@ TARGET_ARCHS = ("sm_90a", "sm_120a", "sm_121a")
 #   w4i_nophase  w4i without the phased walk (to measure what the walk buys in L2 hits)
 #   w4i_split    w4i with a branch-free P V for chunks whose keys are all valid
 #   w4r          w4i_split with the loads issued by the 4 warps in turn (not always warp 0), the
-#                walk read two chunks ahead (the sm_90 default)
+#                walk read two chunks ahead
 #   w4r_nophase  w4r without the phased walk
 #   w4r2         w4r with the walk read 32 entries at a time, one per lane, each chunk's by a shuffle
-#   w4r3         w4r2 with the K load of chunk c + 2 issued after chunk c's softmax
+#   w4r3         w4r2 with the K load of chunk c + 2 issued after chunk c's softmax (the sm_90 default)
 #   simple_split simple with the branch-free P V for full chunks (the sm_12x default)
 #   ws           seed 004's two warp groups, QK and PV, overlapping through shared memory
 #                (experimental: compiles for all three archs, hung in its first H200 run)

@@ -143,12 +143,12 @@ def test_support_predicate_on_cpu_tensors():
 
 
 def test_default_variant_per_arch(monkeypatch):
-    """The measured choice per arch (w4r on the H200; simple_split on the GB10's one-CTA-per-SM
+    """The measured choice per arch (w4r3 on the H200; simple_split on the GB10's one-CTA-per-SM
     budget), the environment overriding it, and a bad name refused."""
     from fastvideo_cute.adapters import cute_sm120
 
     monkeypatch.delenv("FASTVIDEO_CUTE_SM120_KERNEL", raising=False)
-    assert cute_sm120.default_variant("sm_90a") == "w4r"
+    assert cute_sm120.default_variant("sm_90a") == "w4r3"
     assert cute_sm120.default_variant("sm_121a") == "simple_split"
     assert cute_sm120.default_variant("sm_120a") == "simple_split"
     assert cute_sm120.default_variant() == "simple_split"
