@@ -289,6 +289,13 @@ def plot_results(payload: dict, path) -> Optional[Path]:
                 if y:
                     ax.annotate(f"{y:.0f}", (bar.get_x() + bar.get_width() / 2, y), ha="center", va="bottom",
                                 fontsize=7)
+        # A dense peer's bar is its effective TF/s (the sparse work over its time); its own
+        # throughput (the dense work over its time, the kernel-efficiency yardstick) is a line.
+        for r in sel:
+            if r.get("dense") and r.get("tflops"):
+                ax.axhline(r["tflops"], ls="--", lw=0.8, color="0.4")
+                ax.annotate(f"{_label(r)} own TF/s {r['tflops']:.0f}", (ax.get_xlim()[1], r["tflops"]),
+                            fontsize=7, va="top", ha="right", color="0.3")
         ax.set_xticks(range(len(sparsities)))
         ax.set_xticklabels([f"{s:g}" for s in sparsities])
         ax.set_xlabel("sparsity")
