@@ -380,6 +380,15 @@ class BlockSparseFwd128Sm120:
         self.issue_chunk(tma_atom, tXgX, tXsX, pipe, chunk, c)
 
     @cute.jit
+    def load_ahead(self, tma_atom, tXgX, tXsX, pipe, row, mIdx, mVbs, query, c, start, count, tiles, head_chunk):
+        """The inline producer's load of chunk ``c``: from ``row``, the chunk row every warp already
+        read (spread producer), or reading the walk now (warp 0 alone)."""
+        if const_expr(self.spread_producer):
+            self.issue_chunk(tma_atom, tXgX, tXsX, pipe, row, c)
+        else:
+            self.load_chunk(tma_atom, tXgX, tXsX, pipe, mIdx, mVbs, query, c, start, count, tiles, head_chunk)
+
+    @cute.jit
     def issue_chunk(self, tma_atom, tXgX, tXsX, pipe, chunk, c):
         """The TMA load of chunk row ``chunk`` as the walk's ``c``-th chunk (into its ring slot)."""
         state = self._producer_state(c)
@@ -509,11 +518,8 @@ class BlockSparseFwd128Sm120:
             pipeline_k.consumer_release(k_state)
             if const_expr(self.inline_producer and not self.late_k_issue):
                 if warp_idx == loader and c + stages < total:
-                    if const_expr(spread):
-                        self.issue_chunk(tma_atom_K, tKgK, tKsK, pipeline_k, row_ahead, c + stages)
-                    else:
-                        self.load_chunk(tma_atom_K, tKgK, tKsK, pipeline_k, mIdx, mVbs, query, c + stages, start,
-                                        count, tiles, head_chunk)
+                    self.load_ahead(tma_atom_K, tKgK, tKsK, pipeline_k, row_ahead, mIdx, mVbs, query, c + stages, start,
+                                    count, tiles, head_chunk)
             if keys > 0:
                 # ---- mask keys at or past the chunk's valid count (a select: NaN scores go too)
                 if keys < CHUNK:
@@ -537,11 +543,8 @@ class BlockSparseFwd128Sm120:
                     acc_O_mn[r, None].store(acc_O_mn[r, None].load() * alpha)
             if const_expr(self.late_k_issue):
                 if warp_idx == loader and c + stages < total:
-                    if const_expr(spread):
-                        self.issue_chunk(tma_atom_K, tKgK, tKsK, pipeline_k, row_ahead, c + stages)
-                    else:
-                        self.load_chunk(tma_atom_K, tKgK, tKsK, pipeline_k, mIdx, mVbs, query, c + stages, start,
-                                        count, tiles, head_chunk)
+                    self.load_ahead(tma_atom_K, tKgK, tKsK, pipeline_k, row_ahead, mIdx, mVbs, query, c + stages, start,
+                                    count, tiles, head_chunk)
             rP = cute.make_rmem_tensor(acc_S_shape, self.dtype)
             tOrP = _acc_as_a_operand(rP)
             # ---- O += P V
@@ -570,11 +573,8 @@ class BlockSparseFwd128Sm120:
             pipeline_v.consumer_release(v_state)
             if const_expr(self.inline_producer):
                 if warp_idx == loader and c + stages < total:
-                    if const_expr(spread):
-                        self.issue_chunk(tma_atom_V, tVgV, tVsV, pipeline_v, row_ahead, c + stages)
-                    else:
-                        self.load_chunk(tma_atom_V, tVgV, tVsV, pipeline_v, mIdx, mVbs, query, c + stages, start,
-                                        count, tiles, head_chunk)
+                    self.load_ahead(tma_atom_V, tVgV, tVsV, pipeline_v, row_ahead, mIdx, mVbs, query, c + stages, start,
+                                    count, tiles, head_chunk)
             k_state.advance()
             v_state.advance()
             if const_expr(spread):
