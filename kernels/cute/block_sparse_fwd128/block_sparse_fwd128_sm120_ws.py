@@ -144,6 +144,10 @@ class BlockSparseFwd128Sm120WS:
             found = Int32(1)
         else:
             half = Int32(0)
+            # A search that finds nothing must leave the walker spent: with the last tile's size
+            # kept, the next call would take "its second half" again (a chunk the other group never
+            # sees: the two groups' loop counts diverge and the CTA hangs).
+            valid = Int32(0)
             while found == 0 and pos < count:
                 kv_tile, valid = self.walk_entry(mIdx, mVbs, query, pos, start, count, tiles)
                 pos = pos + 1
