@@ -86,15 +86,6 @@ def test_fa4_64_token_backward_goes_to_triton_with_reason(monkeypatch, caplog):
     assert any("128-wide kv tiles" in r.getMessage() for r in caplog.records)
 
 
-def test_experimental_sm120_variant_needs_explicit_opt_in(monkeypatch):
-    from fastvideo_cute.adapters import cute_sm120
-
-    monkeypatch.delenv("FASTVIDEO_CUTE_ALLOW_EXPERIMENTAL", raising=False)
-    t = torch.empty(0)
-    with pytest.raises(RuntimeError, match="experimental"):
-        cute_sm120.sm120_block_sparse_fwd(t, t, t, t, t, t, variant="ws")
-
-
 def test_sm100_64_token_kernels_only_by_name_until_verified(monkeypatch):
     from fastvideo_cute.backends import sm100_backend
 

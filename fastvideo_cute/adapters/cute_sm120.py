@@ -29,8 +29,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from fastvideo_cute.kernels.cute.block_sparse_fwd128 import EXPERIMENTAL_VARIANTS  # names only: no CuTe import
-from fastvideo_cute.kernels.cute.block_sparse_fwd128 import VARIANTS as _KERNEL_VARIANTS
+from fastvideo_cute.kernels.cute.block_sparse_fwd128 import VARIANTS as _KERNEL_VARIANTS  # names only: no CuTe import
 from fastvideo_cute.kernels.cute.block_sparse_fwd128 import registry_name
 
 from ._checks import LaunchLimits, check_list_forward, cute_dsl_importable, device_arch  # noqa: F401 (re-exported)
@@ -94,12 +93,11 @@ def sm120_fwd_support(
 
 # Kernel variants of one contract (kernels/cute/block_sparse_fwd128: VARIANTS lists them): "simple"
 # and "simple_split" (8 MMA warps + a TMA producer warp), "w4", "w4i", "w4i_nophase", "w4i_split",
-# "w4r", "w4r_nophase", "w4r2", "w4r3" (4 MMA warps of 32 rows; with or without a producer warp) and "ws" (seed
-# 004's two warp groups; EXPERIMENTAL: it hung in its first H200 run, so it is used only when
-# asked for by name with the opt-in).
+# "w4r", "w4r_nophase", "w4r2", "w4r3" (4 MMA warps of 32 rows; with or without a producer warp) and
+# "ws" (seed 004's QK and PV warp groups; measured 0.81-0.84x "w4r3" and 0.95-0.97x "simple_split"
+# on the H200, benchmarks/results/vsa_h200_sm120_ws.json, so no arch defaults to it).
 VARIANTS = tuple(_KERNEL_VARIANTS)
 _VARIANT_ENV = "FASTVIDEO_CUTE_SM120_KERNEL"
-_EXPERIMENTAL_ENV = "FASTVIDEO_CUTE_ALLOW_EXPERIMENTAL"
 
 
 # The variant per target arch, from benchmarks/results/vsa_h200_sm120.json: on the H200 "w4r3"
@@ -157,9 +155,6 @@ def sm120_block_sparse_fwd(
     variant = default_variant(sm120_arch(q.device)) if variant is None else variant
     if variant not in VARIANTS:
         raise ValueError(f"sm120_block_sparse_fwd: variant must be one of {VARIANTS}, got {variant!r}")
-    if variant in EXPERIMENTAL_VARIANTS and os.environ.get(_EXPERIMENTAL_ENV, "") != "1":
-        raise RuntimeError(f"sm120_block_sparse_fwd: variant {variant!r} is experimental (it hung in its only H200 "
-                           f"run); set {_EXPERIMENTAL_ENV}=1 to run it anyway")
     ok, reason = sm120_fwd_support(q, k, v, q2k_idx, q2k_num, kv_block_sizes)
     if not ok:
         raise ValueError(f"sm120_block_sparse_fwd: {reason}")

@@ -33,8 +33,8 @@ TARGET_ARCHS = ("sm_90a", "sm_120a", "sm_121a")
 #   w4r2         w4r with the walk read 32 entries at a time, one per lane, each chunk's by a shuffle
 #   w4r3         w4r2 with the K load of chunk c + 2 issued after chunk c's softmax (the sm_90 default)
 #   simple_split simple with the branch-free P V for full chunks (the sm_12x default)
-#   ws           seed 004's two warp groups, QK and PV, overlapping through shared memory
-#                (experimental: compiles for all three archs, hung in its first H200 run)
+#   ws           seed 004's two warp groups, QK and PV (8 warps of 16 rows each), overlapping
+#                through shared memory
 _SIMPLE = ("block_sparse_fwd128_sm120", "BlockSparseFwd128Sm120")
 VARIANTS = {
     "simple": (*_SIMPLE, {}),
@@ -52,7 +52,6 @@ VARIANTS = {
     "simple_split": (*_SIMPLE, {"split_full": True}),
     "ws": ("block_sparse_fwd128_sm120_ws", "BlockSparseFwd128Sm120WS", {}),
 }
-EXPERIMENTAL_VARIANTS = ("ws",)
 
 
 def registry_name(variant: str) -> str:

@@ -17,10 +17,12 @@ GB10 structure:
   - The phased walk and the masking rules are those of the one-group kernel.
 Shared memory: K 32 KB (Q aliases it) + V 48 KB + P 16 KB + 1 KB of row factors + barriers.
 
-STATUS: experimental. It compiles for sm_121a/sm_120a/sm_90a (128 registers, no spills) but hung in
-its first H200 run; the router never selects it (``variant="ws"`` asks for it by name). Debug with
-``FASTVIDEO_CUTE_SM120_TEST_VARIANTS=ws timeout -s KILL 120 pytest -x -q -m gpu
-tests/kernels/cute/test_block_sparse_fwd128_gpu.py -k tiny``.
+STATUS: verified on the H200 (sm_90a build): seed 004's acceptance tests pass
+(``FASTVIDEO_CUTE_SM120_TEST_VARIANTS=ws pytest -m gpu tests/kernels/cute/test_block_sparse_fwd128_gpu.py``).
+Its first runs hung on every walk of two or more chunks: a fill walker whose search found nothing
+kept the last tile's size and took "its second half" again on the next call, so the two groups'
+loop counts diverged (fixed in ``walk_next``). Measured 0.81-0.84x ``w4r3`` on the H200
+(``benchmarks/results/vsa_h200_sm120_ws.json``); no arch defaults to it.
 """
 
 from __future__ import annotations
