@@ -87,6 +87,33 @@ def _acc_as_a_operand(t: cute.Tensor) -> cute.Tensor:
     return cute.make_tensor(t.iterator, layout)
 
 
+@cute.jit
+def walk_tile(mIdx: cute.Tensor, query: Int32, e: Int32, start: Int32, count: Int32):
+    """The kv tile of entry ``e`` of a query tile's walk (its list rotated by ``start``), as listed
+    (unchecked)."""
+    at = e + start
+    if at >= count:
+        at = at - count
+    return mIdx[query, at]
+
+
+@cute.jit
+def tile_keys(mVbs: cute.Tensor, kv_tile: Int32, tiles: Int32):
+    """The valid keys of a listed kv tile, 0..128 (0 for an index outside [0, tiles))."""
+    valid = Int32(0)
+    if kv_tile >= 0 and kv_tile < tiles:
+        valid = cutlass.min(cutlass.max(mVbs[kv_tile], Int32(0)), Int32(BLOCK))
+    return valid
+
+
+@cute.jit
+def walk_entry(mIdx: cute.Tensor, mVbs: cute.Tensor, query: Int32, e: Int32, start: Int32, count: Int32,
+               tiles: Int32):
+    """Entry ``e`` of the rotated walk: (kv tile, its valid keys); invalid tiles have 0 keys."""
+    kv_tile = walk_tile(mIdx, query, e, start, count)
+    return kv_tile, tile_keys(mVbs, kv_tile, tiles)
+
+
 class BlockSparseFwd128Sm120:
     """mma.sync + TMA block-sparse forward (see the module docstring)."""
 
@@ -197,29 +224,6 @@ class BlockSparseFwd128Sm120:
 
     # ------------------------------------------------------------------ device side
     @cute.jit
-    def walk_entry(self, mIdx: cute.Tensor, mVbs: cute.Tensor, query: Int32, e: Int32, start: Int32,
-                   count: Int32, tiles: Int32):
-        """Entry ``e`` of the rotated walk: (kv tile, its valid keys); invalid tiles have 0 keys."""
-        kv_tile = self.walk_tile(mIdx, query, e, start, count)
-        return kv_tile, self.tile_keys(mVbs, kv_tile, tiles)
-
-    @cute.jit
-    def walk_tile(self, mIdx: cute.Tensor, query: Int32, e: Int32, start: Int32, count: Int32):
-        """The kv tile of entry ``e`` of the rotated walk, as listed (unchecked)."""
-        at = e + start
-        if at >= count:
-            at = at - count
-        return mIdx[query, at]
-
-    @cute.jit
-    def tile_keys(self, mVbs: cute.Tensor, kv_tile: Int32, tiles: Int32):
-        """The valid keys of a listed kv tile, 0..128 (0 for an index outside [0, tiles))."""
-        valid = Int32(0)
-        if kv_tile >= 0 and kv_tile < tiles:
-            valid = cutlass.min(cutlass.max(mVbs[kv_tile], Int32(0)), Int32(BLOCK))
-        return valid
-
-    @cute.jit
     def lane_entries(self, mIdx: cute.Tensor, mVbs: cute.Tensor, query: Int32, first: Int32, start: Int32,
                      count: Int32, tiles: Int32, lane: Int32):
         """Walk entry ``first + lane``: (its kv tile, its valid keys); (0, 0) past the walk's end."""
@@ -227,8 +231,8 @@ class BlockSparseFwd128Sm120:
         kv_tile = Int32(0)
         valid = Int32(0)
         if e < count:
-            kv_tile = self.walk_tile(mIdx, query, e, start, count)
-            valid = self.tile_keys(mVbs, kv_tile, tiles)
+            kv_tile = walk_tile(mIdx, query, e, start, count)
+            valid = tile_keys(mVbs, kv_tile, tiles)
         return kv_tile, valid
 
     @cute.jit
@@ -254,7 +258,7 @@ class BlockSparseFwd128Sm120:
         """Chunk ``c`` of the walk (every entry is two 64-key chunks): (chunk row to load, valid keys
         in it, 0..64). A chunk without valid keys is still loaded, from a safe address in this
         head, and skipped by the math, so producer and consumers need no shared skip logic."""
-        kv_tile, valid = self.walk_entry(mIdx, mVbs, query, c // 2, start, count, tiles)
+        kv_tile, valid = walk_entry(mIdx, mVbs, query, c // 2, start, count, tiles)
         return self.chunk_of(kv_tile, valid, c, head_chunk)
 
     @cute.kernel

@@ -44,6 +44,7 @@ from .block_sparse_fwd128_sm120 import (
     SMEM_CAPACITY,
     _acc_as_a_operand,
     _mn_view,
+    walk_entry,
 )
 
 K_STAGES = 2
@@ -125,17 +126,6 @@ class BlockSparseFwd128Sm120WS:
 
     # ------------------------------------------------------------------ the walk
     @cute.jit
-    def walk_entry(self, mIdx, mVbs, query, e, start, count, tiles):
-        at = e + start
-        if at >= count:
-            at = at - count
-        kv_tile = mIdx[query, at]
-        valid = Int32(0)
-        if kv_tile >= 0 and kv_tile < tiles:
-            valid = cutlass.min(cutlass.max(mVbs[kv_tile], Int32(0)), Int32(BLOCK))
-        return kv_tile, valid
-
-    @cute.jit
     def walk_next(self, mIdx, mVbs, query, start, count, tiles, pos, kv_tile, valid, half):
         """Advance the fill walker to the next 64-key chunk: the second half of the current tile
         if it has more than 64 valid keys, else the first half of the next tile with any.
@@ -151,7 +141,7 @@ class BlockSparseFwd128Sm120WS:
             # sees: the two groups' loop counts diverge and the CTA hangs).
             valid = Int32(0)
             while found == 0 and pos < count:
-                kv_tile, valid = self.walk_entry(mIdx, mVbs, query, pos, start, count, tiles)
+                kv_tile, valid = walk_entry(mIdx, mVbs, query, pos, start, count, tiles)
                 pos = pos + 1
                 if valid > 0:
                     found = Int32(1)
