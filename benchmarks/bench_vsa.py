@@ -78,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--routes", nargs="*", default=["triton", "cute"], choices=ROUTES,
                    help="library routes (sm120 is opt-in: on sm_90 it is a verification target)")
     p.add_argument("--sm120-variants", nargs="+", default=["simple"],
-                   help="kernel variants the sm120 route runs (kernels/cute/block_sparse_fwd128 VARIANTS)")
+                   help="kernel variants the sm120 route runs (fastvideo_cute/kernels/cute/block_sparse_fwd128 VARIANTS)")
     p.add_argument("--peers", nargs="*", default=list(PEERS), choices=PEERS)
     p.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])

@@ -11,11 +11,11 @@ def test_every_package_dir_is_listed_in_pyproject():
     listed = set(cfg["packages"])
     mapping = cfg.get("package-dir", {})
     found = set()
-    for top, name in (("fastvideo_cute", "fastvideo_cute"), ("kernels", "fastvideo_cute.kernels")):
-        assert mapping.get(name, top) == top
-        for init in (ROOT / top).rglob("__init__.py"):
-            rel = init.parent.relative_to(ROOT / top).parts
-            found.add(".".join((name,) + rel))
+    assert not mapping, f"the source tree is the import tree: no package-dir mapping, got {mapping}"
+    assert not (ROOT / "kernels").exists(), "kernels/ lives inside the package (fastvideo_cute/kernels)"
+    for init in (ROOT / "fastvideo_cute").rglob("__init__.py"):
+        rel = init.parent.relative_to(ROOT).parts
+        found.add(".".join(rel))
     missing = found - listed
     assert not missing, f"package directories missing from pyproject.toml: {sorted(missing)}"
 

@@ -1,6 +1,6 @@
 """Torch adapter for the CuTe DSL VSA block-sparse backward, 64-token blocks (seed 000's chain).
 
-Launch chain (``kernels/cute/block_sparse_bwd64``):
+Launch chain (``fastvideo_cute/kernels/cute/block_sparse_bwd64``):
   1. preprocess (CuTe DSL, sm_90a/sm_100a/sm_103a): ``delta = rowsum(o * dO)`` (fp32),
      ``lse2 = lse * log2(e)`` (``+inf`` where ``lse == -inf``), ``dq_accum = 0``, dk/dv rows of kv
      blocks with ``k2q_num == 0`` written as exact zeros;
@@ -59,7 +59,7 @@ __all__ = [
 BLOCK = 64
 HEAD_DIM = 128
 LOG2E = math.log2(math.e)
-# Mirrors kernels/cute/block_sparse_bwd64.ORDER_MIN_KV_BLOCKS (the compile test checks they agree).
+# Mirrors fastvideo_cute/kernels/cute/block_sparse_bwd64.ORDER_MIN_KV_BLOCKS (the compile test checks they agree).
 ORDER_MIN_KV_BLOCKS = 1024
 ORDER_NUM_BINS = 8
 MAX_ROWS = 2**31 - 1  # B*H*S: int32 row indices, grid x of the common stages is B*H*S/64

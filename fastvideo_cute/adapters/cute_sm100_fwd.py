@@ -1,6 +1,6 @@
 """Torch adapter for our CuTe DSL tcgen05 block-sparse forward, 64-token blocks (sm_100).
 
-The kernel (``kernels/cute/block_sparse_fwd64``) is the data-center Blackwell (sm_100a; its
+The kernel (``fastvideo_cute/kernels/cute/block_sparse_fwd64``) is the data-center Blackwell (sm_100a; its
 source also builds for sm_103a) VSA forward for FastVideo's default 64-token tiles, which FA4's
 block sparsity does not serve there. It returns the output and the LSE the backward consumes.
 
@@ -56,7 +56,7 @@ __all__ = [
 
 BLOCK = 64
 HEAD_DIM = 128
-# Mirrors of kernels/cute/block_sparse_fwd64/block_sparse_fwd64_sm100.py's launch limits
+# Mirrors of fastvideo_cute/kernels/cute/block_sparse_fwd64/block_sparse_fwd64_sm100.py's launch limits
 # (tests/kernels/cute/test_block_sparse_fwd64_compile.py checks that they agree).
 MAX_BATCH_HEADS = 65535  # grid y
 MAX_ROWS = 2**31 - 1 - 128  # B * H * S (+ the discarded half of the last 128-row Q tile)

@@ -1,6 +1,6 @@
 """Torch adapter for our CuTe DSL mma.sync + TMA block-sparse forward (128-token blocks).
 
-The kernel (``kernels/cute/block_sparse_fwd128``) is the GB10's (DGX Spark, sm_121a) VSA forward;
+The kernel (``fastvideo_cute/kernels/cute/block_sparse_fwd128``) is the GB10's (DGX Spark, sm_121a) VSA forward;
 the same source compiles for sm_120a and runs on sm_90 (where it is verified; FA4's wgmma
 kernels remain the fast route there). Inference only: it returns the output, no LSE, so it has no
 backward; the router sends it no-grad calls only.
@@ -52,7 +52,7 @@ __all__ = [
 
 BLOCK = 128
 HEAD_DIM = 128
-# Mirrors of kernels/cute/block_sparse_fwd128/block_sparse_fwd128_sm120.py's launch limits
+# Mirrors of fastvideo_cute/kernels/cute/block_sparse_fwd128/block_sparse_fwd128_sm120.py's launch limits
 # (tests/kernels/cute/test_block_sparse_fwd128_compile.py checks that they agree).
 MAX_BATCH_HEADS = 65535  # grid y
 MAX_ROWS = 2**31 - 1  # B * H * S: TMA row coordinates are int32
@@ -91,7 +91,7 @@ def sm120_fwd_support(
                               limits=_LIMITS)
 
 
-# Kernel variants of one contract (kernels/cute/block_sparse_fwd128: VARIANTS lists them): "simple"
+# Kernel variants of one contract (fastvideo_cute/kernels/cute/block_sparse_fwd128: VARIANTS lists them): "simple"
 # and "simple_split" (8 MMA warps + a TMA producer warp), "w4", "w4i", "w4i_nophase", "w4i_split",
 # "w4r", "w4r_nophase", "w4r2", "w4r3" (4 MMA warps of 32 rows; with or without a producer warp) and
 # "ws" (seed 004's QK and PV warp groups; measured 0.81-0.84x "w4r3" and 0.95-0.97x "simple_split"

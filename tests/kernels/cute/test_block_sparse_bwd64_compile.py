@@ -1,4 +1,4 @@
-"""CPU checks of the CuTe DSL VSA backward, 64-token blocks (kernels/cute/block_sparse_bwd64).
+"""CPU checks of the CuTe DSL VSA backward, 64-token blocks (fastvideo_cute/kernels/cute/block_sparse_bwd64).
 
 Cross-compiles the package's ``REGISTRY_ENTRIES`` in a subprocess (the CuTe DSL reads its artifact
 settings at import) through ``fastvideo_cute.compile_check.check_kernel``: the arch-independent
