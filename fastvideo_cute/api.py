@@ -14,6 +14,7 @@ from typing import Optional, Sequence, Tuple, Union
 import torch
 from torch import Tensor
 
+from .backends.registry import supported_head_dims
 from .ops import block_sparse_attn_op
 from .validation import check_block_map, check_block_sizes, check_qkv
 
@@ -31,7 +32,7 @@ __all__ = [
 
 
 def _block_sparse(q, k, v, block_map, variable_block_sizes, block_size: int, bshd: bool) -> Tuple[Tensor, Tensor]:
-    shapes = check_qkv(q, k, v, bshd=bshd, block_size=block_size)
+    shapes = check_qkv(q, k, v, bshd=bshd, block_size=block_size, head_dims=supported_head_dims())
     block_map = check_block_map(block_map, shapes, block_size, q.device)
     sizes = check_block_sizes(variable_block_sizes, shapes.kv_len // block_size, block_size, q.device)
     return block_sparse_attn_op(q, k, v, block_map, sizes, block_size=block_size, bshd=bshd,
@@ -74,22 +75,36 @@ def block_sparse_attn_256_bshd(q: Tensor, k: Tensor, v: Tensor, block_map: Tenso
     return _block_sparse(q, k, v, block_map, variable_block_sizes, 256, True)
 
 
+def _check_topk(topk) -> int:
+    if isinstance(topk, bool) or not isinstance(topk, int) or topk < 1:
+        raise ValueError(f"topk must be a positive int, got {topk!r} ({type(topk).__name__})")
+    return topk
+
+
 def topk_block_map(scores: Tensor, topk: int) -> Tensor:
     """Exactly ``min(topk, n)`` True per row of ``scores [..., n]``: the largest, ties to the
     lowest index (a stable descending sort). NaN scores sort first."""
-    if isinstance(topk, bool) or not isinstance(topk, int) or topk < 1:
-        raise ValueError(f"topk must be a positive int, got {topk!r}")
+    if not isinstance(scores, Tensor) or scores.dim() < 1 or not scores.dtype.is_floating_point:
+        raise TypeError(f"scores must be a floating-point tensor [..., n], got "
+                        f"{getattr(scores, 'dtype', type(scores).__name__)}")
+    _check_topk(topk)
     n = scores.shape[-1]
     k = min(topk, n)
     order = torch.sort(scores, dim=-1, descending=True, stable=True).indices[..., :k]
     return torch.zeros(scores.shape, dtype=torch.bool, device=scores.device).scatter_(-1, order, True)
 
 
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
 def _block_elements(block_size: Union[int, Sequence[int]]) -> int:
-    if isinstance(block_size, int):
+    if _is_int(block_size):
         return block_size
-    if len(block_size) != 3 or not all(isinstance(t, int) and t > 0 for t in block_size):
-        raise ValueError(f"block_size must be an int or a tuple of 3 positive ints (T, H, W), got {block_size!r}")
+    if not isinstance(block_size, (tuple, list)) or len(block_size) != 3 or \
+            not all(_is_int(t) and t > 0 for t in block_size):
+        raise ValueError(f"block_size must be an int (64, 128 or 256) or a tuple of 3 positive ints (T, H, W), "
+                         f"got {block_size!r} ({type(block_size).__name__})")
     return math.prod(block_size)
 
 
@@ -115,16 +130,18 @@ def _video_sparse(q, k, v, variable_block_sizes, q_variable_block_sizes, topk, b
     block_elements = _block_elements(block_size)
     if block_elements not in (64, 128, 256):
         raise ValueError(f"block_size must have 64, 128 or 256 elements, got {block_size!r} ({block_elements})")
-    shapes = check_qkv(q, k, v, bshd=bshd, block_size=block_elements)
+    shapes = check_qkv(q, k, v, bshd=bshd, block_size=block_elements, head_dims=supported_head_dims())
     qb, kvb = shapes.q_len // block_elements, shapes.kv_len // block_elements
     kv_sizes = check_block_sizes(variable_block_sizes, kvb, block_elements, q.device)
     q_sizes = check_block_sizes(q_variable_block_sizes, qb, block_elements, q.device, name="q_variable_block_sizes")
-    if isinstance(topk, bool) or not isinstance(topk, int) or topk < 1:
-        raise ValueError(f"topk must be a positive int, got {topk!r}")
+    _check_topk(topk)
     if compress_attn_weight is not None:
-        if not isinstance(compress_attn_weight, Tensor) or compress_attn_weight.shape != q.shape:
-            shape = getattr(compress_attn_weight, "shape", None)
-            raise ValueError(f"compress_attn_weight must be a tensor of q's shape {tuple(q.shape)}, got {shape}")
+        if not isinstance(compress_attn_weight, Tensor):
+            raise TypeError(f"compress_attn_weight must be None or a tensor of q's shape {tuple(q.shape)}, "
+                            f"got {type(compress_attn_weight).__name__}")
+        if compress_attn_weight.shape != q.shape:
+            raise ValueError(f"compress_attn_weight must have q's shape {tuple(q.shape)}, "
+                             f"got {tuple(compress_attn_weight.shape)}")
         if compress_attn_weight.dtype != q.dtype:
             raise TypeError(f"compress_attn_weight must have q's dtype {q.dtype}, got {compress_attn_weight.dtype}")
         if compress_attn_weight.device != q.device:

@@ -24,6 +24,7 @@ __all__ = [
     "invert_indices",
     "expand_block_map",
     "split_block_sizes",
+    "physical_layout",
 ]
 
 
@@ -123,3 +124,13 @@ def split_block_sizes(block_sizes: torch.Tensor, factor: int, physical_block: in
         return sizes.contiguous()
     offsets = torch.arange(factor, device=sizes.device, dtype=torch.int32) * physical_block
     return torch.clamp(sizes[:, None] - offsets[None, :], min=0, max=physical_block).reshape(-1)
+
+
+def physical_layout(block_map: torch.Tensor, kv_block_sizes: torch.Tensor, block_size: int, q_tile: int,
+                    kv_tile: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Logical map/sizes at ``block_size`` -> (physical map, physical sizes) for kernels that run
+    ``q_tile x kv_tile`` tiles (each dividing ``block_size``): every logical pair becomes the
+    ``(block_size // q_tile) x (block_size // kv_tile)`` physical pairs it covers."""
+    phys_map = expand_block_map(block_map, block_size // q_tile, block_size // kv_tile)
+    phys_sizes = split_block_sizes(kv_block_sizes, block_size // kv_tile, kv_tile)
+    return phys_map, phys_sizes

@@ -1,25 +1,46 @@
 """torch.library custom ops: the one boundary every route sits behind.
 
-The ops take the *logical* block map and sizes; the chosen backend builds whatever
-metadata it needs (q2k/k2q lists for Triton, BlockSparseTensors for FA4) inside the op,
-so ``torch.compile`` sees two opaque ops with fake implementations and traces every public
-API with ``fullgraph=True``. Route selection also happens inside (it is static per call).
+The ops take the *logical* block map and sizes; the chosen backend builds whatever metadata it
+needs (q2k/k2q lists for Triton, BlockSparseTensors for FA4) inside the op, so ``torch.compile``
+sees two opaque ops with fake implementations and traces every public API with ``fullgraph=True``.
+
+The backend is chosen in :func:`block_sparse_attn_op` (eagerly on every call; once, at trace
+time, under ``torch.compile``) and passed to the forward op as its ``route`` argument, which
+autograd saves for the backward: the forward and backward of one call always run on one backend,
+also inside a compiled graph. The sizes range check runs inside the forward op, so it holds under
+``torch.compile`` too (see :func:`fastvideo_cute.validation.check_sizes_range`).
+
+``dispatch_counts`` counts, per ``(backend, "fwd" | "bwd")``, the calls the ops ran on each
+backend (tests observe which backend served a call through it).
 """
 
 from __future__ import annotations
 
+import collections
 from typing import Tuple
 
 import torch
+import torch.autograd.forward_ad as fwAD
 from torch import Tensor
 
 from .backends import BACKENDS
-from .routes import call_info, select_route
+from .call import call_info
+from .routes import select_route_name
+from .validation import check_sizes_range
 
-__all__ = ["block_sparse_attn_op"]
+__all__ = ["block_sparse_attn_op", "dispatch_counts", "ForwardADError"]
+
+#: (backend name, direction) -> number of calls the ops ran there in this process.
+dispatch_counts: "collections.Counter[Tuple[str, str]]" = collections.Counter()
+
+_EMPTY_ROUTE = "none"  # B == 0 or H == 0 (or meta tensors): nothing to launch
 
 
-def _head_dim_and_len(q: Tensor, bshd: bool) -> Tuple[int, int, int]:
+class ForwardADError(NotImplementedError):
+    """Forward-mode AD (``torch.func.jvp``, dual tensors) reached an op that has no JVP rule."""
+
+
+def _bhs(q: Tensor, bshd: bool) -> Tuple[int, int, int]:
     b = q.shape[0]
     h, s = (q.shape[2], q.shape[1]) if bshd else (q.shape[1], q.shape[2])
     return b, h, s
@@ -27,45 +48,49 @@ def _head_dim_and_len(q: Tensor, bshd: bool) -> Tuple[int, int, int]:
 
 @torch.library.custom_op("fastvideo_cute::block_sparse_attn_fwd", mutates_args=())
 def _fwd(q: Tensor, k: Tensor, v: Tensor, block_map: Tensor, kv_block_sizes: Tensor, block_size: int,
-         bshd: bool, need_grad: bool, sm_scale: float, need_lse: bool) -> Tuple[Tensor, Tensor]:
-    route = select_route(call_info(q, k, block_size, need_grad, bshd, need_lse, kv_block_sizes))
-    return BACKENDS[route.name].forward(q, k, v, block_map, kv_block_sizes, block_size=block_size, bshd=bshd,
-                                        need_backward=need_grad, sm_scale=sm_scale)
+         bshd: bool, need_grad: bool, sm_scale: float, need_lse: bool, route: str,
+         range_checked: bool) -> Tuple[Tensor, Tensor]:
+    if not range_checked:  # traced by torch.compile: the API's eager check did not run
+        check_sizes_range(kv_block_sizes, block_size)
+    if route == _EMPTY_ROUTE:
+        out = torch.empty_like(q, memory_format=torch.contiguous_format)
+        return out, q.new_empty(_bhs(q, bshd), dtype=torch.float32)
+    dispatch_counts[(route, "fwd")] += 1
+    return BACKENDS[route].forward(q, k, v, block_map, kv_block_sizes, block_size=block_size, bshd=bshd,
+                                   need_backward=need_grad, sm_scale=sm_scale)
 
 
 @_fwd.register_fake
-def _fwd_fake(q, k, v, block_map, kv_block_sizes, block_size, bshd, need_grad, sm_scale, need_lse):
-    b, h, s = _head_dim_and_len(q, bshd)
+def _fwd_fake(q, k, v, block_map, kv_block_sizes, block_size, bshd, need_grad, sm_scale, need_lse, route,
+              range_checked):
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
-    return out, q.new_empty((b, h, s), dtype=torch.float32)
+    return out, q.new_empty(_bhs(q, bshd), dtype=torch.float32)
 
 
 @torch.library.custom_op("fastvideo_cute::block_sparse_attn_bwd", mutates_args=())
 def _bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, block_map: Tensor,
          kv_block_sizes: Tensor, block_size: int, bshd: bool, sm_scale: float, route: str) -> Tuple[Tensor, Tensor,
                                                                                                  Tensor]:
-    """``route`` is the one the forward took (recorded when autograd saved the context), so a
-    change of environment variables between forward and backward cannot split them."""
+    """``route`` is the backend the forward ran on (an argument of the forward op, saved by autograd)."""
+    if route == _EMPTY_ROUTE:
+        return tuple(torch.zeros_like(x, memory_format=torch.contiguous_format) for x in (q, k, v))
     if dout.stride(-1) != 1:
         dout = dout.contiguous()
+    dispatch_counts[(route, "bwd")] += 1
     return BACKENDS[route].backward(q, k, v, out, dout, lse, block_map, kv_block_sizes, block_size=block_size,
-                                         bshd=bshd, sm_scale=sm_scale)
+                                    bshd=bshd, sm_scale=sm_scale)
 
 
 @_bwd.register_fake
 def _bwd_fake(dout, q, k, v, out, lse, block_map, kv_block_sizes, block_size, bshd, sm_scale, route):
-    return (torch.empty_like(q, memory_format=torch.contiguous_format),
-            torch.empty_like(k, memory_format=torch.contiguous_format),
-            torch.empty_like(v, memory_format=torch.contiguous_format))
+    return tuple(torch.empty_like(x, memory_format=torch.contiguous_format) for x in (q, k, v))
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, block_map, kv_block_sizes, block_size, bshd, need_grad, sm_scale, need_lse = inputs
+    q, k, v, block_map, kv_block_sizes, block_size, bshd, need_grad, sm_scale, need_lse, route, _ = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, block_map, kv_block_sizes)
-    ctx.block_size, ctx.bshd, ctx.sm_scale = block_size, bshd, sm_scale
-    # The same selection the forward op made (same inputs, same environment, same moment).
-    ctx.route = select_route(call_info(q, k, block_size, True, bshd, need_lse, kv_block_sizes)).name
+    ctx.block_size, ctx.bshd, ctx.sm_scale, ctx.route = block_size, bshd, sm_scale, route
 
 
 def _backward(ctx, dout, dlse):
@@ -73,16 +98,35 @@ def _backward(ctx, dout, dlse):
     q, k, v, out, lse, block_map, kv_block_sizes = ctx.saved_tensors
     dq, dk, dv = _bwd(dout, q, k, v, out, lse, block_map, kv_block_sizes, ctx.block_size, ctx.bshd, ctx.sm_scale,
                       ctx.route)
-    return dq, dk, dv, None, None, None, None, None, None, None
+    return dq, dk, dv, None, None, None, None, None, None, None, None, None
 
 
 torch.library.register_autograd("fastvideo_cute::block_sparse_attn_fwd", _backward, setup_context=_setup_context)
 
 
+def _refuse_forward_ad(*tensors: Tensor) -> None:
+    """The ops have no JVP rule; without this check forward-mode AD would see a zero tangent."""
+    if any(fwAD.unpack_dual(t).tangent is not None for t in tensors):
+        raise ForwardADError(
+            "fastvideo_cute::block_sparse_attn_fwd has no forward-mode AD (JVP) rule: torch.func.jvp / dual "
+            "tensors through block_sparse_attn* and video_sparse_attn* are not supported (reverse mode is)")
+
+
 def block_sparse_attn_op(q: Tensor, k: Tensor, v: Tensor, block_map: Tensor, kv_block_sizes: Tensor, *,
                          block_size: int, bshd: bool, sm_scale: float, need_lse: bool = True) -> Tuple[Tensor, Tensor]:
-    """Run the forward op (autograd-enabled). Inputs must already be validated. With
-    ``need_lse=False`` the caller promises to discard the LSE (a backend may then return none)."""
+    """Run the forward op (autograd-enabled). Inputs must already be validated
+    (:mod:`fastvideo_cute.validation`; in eager mode that includes the sizes' range, under
+    ``torch.compile`` the op checks it). With ``need_lse=False`` the caller promises to discard the
+    LSE (a backend may then return none)."""
     need_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-    out, lse = _fwd(q, k, v, block_map, kv_block_sizes, block_size, bshd, need_grad, sm_scale, need_lse)
+    compiling = torch.compiler.is_compiling()
+    if not compiling:
+        _refuse_forward_ad(q, k, v)
+    b, h, _ = _bhs(q, bshd)
+    if q.device.type == "meta" or b == 0 or h == 0:
+        route = _EMPTY_ROUTE
+    else:
+        route = select_route_name(call_info(q, k, block_size, need_grad, bshd, need_lse, kv_block_sizes))
+    out, lse = _fwd(q, k, v, block_map, kv_block_sizes, block_size, bshd, need_grad, sm_scale, need_lse, route,
+                    not compiling)
     return out, lse.detach()

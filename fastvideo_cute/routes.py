@@ -1,77 +1,42 @@
 """Route selection: which backend serves a call, and why.
 
-One place decides. Each route has a support predicate that returns ``(ok, reason)``;
-selection walks the preference list for the call and takes the first route that can serve
-it. Environment variables are read on every call, so they can be flipped at run time:
+One place decides. Every backend (:mod:`fastvideo_cute.backends`) has a support predicate that
+returns ``(ok, reason)``; selection walks the preference list for the call and takes the first
+backend that can serve it. Environment variables (:mod:`fastvideo_cute.env`) are read on every
+eager call; under ``torch.compile`` they are read once, when the graph is traced, and the chosen
+backend is recorded in the graph (an argument of the forward op), so the forward and the backward
+of a compiled call always run on the same backend (re-trace to pick up a changed variable).
 
 - ``FASTVIDEO_VSA_TRITON=1``  forces the Triton route.
 - ``FASTVIDEO_VSA_CUTEDSL=1`` asks for the CuTe route (FA4 block sparsity, or our own CuTe
   kernels where FA4 cannot serve).
-- ``FASTVIDEO_VSA_BACKEND=<name>`` forces one named backend (``triton``, ``fa4``, ``sm120``).
+- ``FASTVIDEO_VSA_BACKEND=<name>`` forces one named backend (``triton``, ``fa4``, ``sm120``, ...).
 
-A forced route that cannot serve a call raises :class:`RouteError` with the reason. An
-automatic fallback (CuTe asked for, not forced by name, cannot serve this call) logs the
-reason once per distinct reason and takes the Triton route. No silent wrong answers.
+A forced backend that cannot serve a call raises :class:`RouteError` with the reason. An
+automatic fallback (CuTe asked for, not forced by name, cannot serve this call) logs the reason
+once per distinct reason and takes the Triton route. No silent wrong answers.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-import os
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import List
 
 import torch
 
+from .backends import BACKENDS, Backend
+from .call import CallInfo, call_info
+from .env import BACKEND_VAR, TRITON_FLAG, env_flag, route_request
+from .errors import EnvError, RouteError
+
 logger = logging.getLogger("fastvideo_cute")
 
-__all__ = ["RouteError", "CallInfo", "Route", "select_route", "register_route", "route_names"]
-
-
-class RouteError(RuntimeError):
-    """A forced route cannot serve the call (the message says why)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class CallInfo:
-    """What a route needs to know about one call (all static: shapes, dtype, flags)."""
-
-    op: str  # "block_sparse" (forward or backward of the block-sparse attention)
-    device_type: str
-    arch: Optional[Tuple[int, int]]  # CUDA compute capability, None off-GPU
-    dtype: torch.dtype
-    head_dim: int
-    block_size: int  # logical block size (64, 128 or 256)
-    need_grad: bool
-    batch: int = 1
-    heads: int = 1
-    q_len: int = 0
-    kv_len: int = 0
-    bshd: bool = False
-    need_lse: bool = True  # False when the caller discards the LSE (video_sparse_attn's sparse branch)
-    kv_all_full: bool = False  # every kv block full (from the cached range check; False when unknown)
-
-
-@dataclasses.dataclass(frozen=True)
-class Route:
-    name: str
-    family: str  # "triton" or "cute"
-    support: Callable[[CallInfo], Tuple[bool, str]]
-
-
-_ROUTES: Dict[str, Route] = {}
-
-
-def register_route(route: Route) -> None:
-    _ROUTES[route.name] = route
+__all__ = ["RouteError", "EnvError", "CallInfo", "call_info", "select_route", "select_route_name", "route_names",
+           "cute_preferences", "env_flag"]
 
 
 def route_names() -> List[str]:
-    return sorted(_ROUTES)
-
-
-def env_flag(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+    return sorted(BACKENDS)
 
 
 _LOGGED: set = set()
@@ -83,61 +48,45 @@ def _log_once(message: str) -> None:
         logger.warning(message)
 
 
-def call_info(q: torch.Tensor, k: torch.Tensor, block_size: int, need_grad: bool, bshd: bool,
-              need_lse: bool = True, kv_block_sizes: Optional[torch.Tensor] = None) -> CallInfo:
-    from .validation import has_partial_blocks
-
-    arch = None
-    if q.device.type == "cuda":
-        arch = torch.cuda.get_device_capability(q.device)
-    s_dim, h_dim = (1, 2) if bshd else (2, 1)
-    return CallInfo("block_sparse", q.device.type, arch, q.dtype, q.shape[-1], block_size, need_grad,
-                    batch=q.shape[0], heads=q.shape[h_dim], q_len=q.shape[s_dim], kv_len=k.shape[s_dim], bshd=bshd,
-                    need_lse=need_lse,
-                    kv_all_full=kv_block_sizes is not None and not has_partial_blocks(kv_block_sizes, block_size))
-
-
-def _cute_preferences(info: CallInfo) -> List[str]:
+def cute_preferences(info: CallInfo) -> List[str]:
     """CuTe backends to try, best first, for this call: FA4 block sparsity on sm_90/sm_100, our
     own mma.sync + TMA forward on sm_120/121 (FA4 has no block sparsity there). The sm120 kernel
-    also runs on sm_90, but only when named (FASTVIDEO_VSA_BACKEND=sm120); the sm100 (tcgen05,
-    64-token) kernels only when named until they are verified on hardware."""
-    if info.arch is not None and info.arch[0] == 12:
+    also runs on sm_90, but only when named (``FASTVIDEO_VSA_BACKEND=sm120``); the sm100
+    (tcgen05, 64-token) kernels join only once verified on hardware."""
+    major = info.arch_major
+    if major == 12:
         return ["sm120"]
-    if info.arch is not None and info.arch[0] == 10:
-        from .backends.sm100_backend import verified_on_hardware
-
-        # Our tcgen05 64-token kernels join only once a 10.x GPU has passed their tests.
-        return ["fa4", "sm100"] if verified_on_hardware() else ["fa4"]
+    if major == 10:
+        return ["fa4", "sm100"] if BACKENDS["sm100"].verified_on(info.arch) else ["fa4"]
     return ["fa4"]
 
 
-def select_route(info: CallInfo) -> Route:
-    """Pick the route for a call. Raises :class:`RouteError` when a forced route cannot serve."""
-    forced_name = os.environ.get("FASTVIDEO_VSA_BACKEND", "").strip().lower()
-    want_triton = env_flag("FASTVIDEO_VSA_TRITON")
-    want_cute = env_flag("FASTVIDEO_VSA_CUTEDSL")
-    if want_triton and want_cute:
-        raise RouteError("FASTVIDEO_VSA_TRITON=1 and FASTVIDEO_VSA_CUTEDSL=1 are both set; set one of them")
-    if forced_name:
-        route = _ROUTES.get(forced_name)
-        if route is None:
-            raise RouteError(f"FASTVIDEO_VSA_BACKEND={forced_name!r} is not a backend; expected one of {route_names()}")
-        ok, reason = route.support(info)
-        if not ok:
-            raise RouteError(f"FASTVIDEO_VSA_BACKEND={forced_name} cannot serve this call: {reason}")
-        return route
+def _forced(name: str, info: CallInfo) -> Backend:
+    backend = BACKENDS.get(name)
+    if backend is None:
+        raise RouteError(f"{BACKEND_VAR}={name!r} is not a backend; expected one of {route_names()}")
+    ok, reason = backend.support(info)
+    if not ok:
+        raise RouteError(f"{BACKEND_VAR}={name} cannot serve this call: {reason}")
+    return backend
 
-    triton = _ROUTES["triton"]
+
+def select_route(info: CallInfo) -> Backend:
+    """The backend for a call. Raises :class:`RouteError` when a forced route cannot serve, and
+    :class:`EnvError` (a ``RouteError``) when the route variables are malformed or conflict."""
+    want_triton, want_cute, named = route_request()
+    if named:
+        return _forced(named, info)
+    triton = BACKENDS["triton"]
     if want_cute:
         reasons = []
-        for name in _cute_preferences(info):
-            route = _ROUTES.get(name)
-            if route is None:
+        for name in cute_preferences(info):
+            backend = BACKENDS.get(name)
+            if backend is None:
                 continue
-            ok, reason = route.support(info)
+            ok, reason = backend.support(info)
             if ok:
-                return route
+                return backend
             reasons.append(f"{name}: {reason}")
         ok, reason = triton.support(info)
         why = "; ".join(reasons) or "no CuTe backend is registered"
@@ -147,9 +96,24 @@ def select_route(info: CallInfo) -> Route:
                   f"dtype={info.dtype} head_dim={info.head_dim} grad={info.need_grad} "
                   f"on {info.device_type}{info.arch or ''} ({why}); using Triton")
         return triton
-
     ok, reason = triton.support(info)
     if not ok:
-        prefix = "FASTVIDEO_VSA_TRITON=1, but the Triton route" if want_triton else "the Triton route"
+        prefix = f"{TRITON_FLAG}=1, but the Triton route" if want_triton else "the Triton route"
         raise RouteError(f"{prefix} cannot serve this call: {reason}")
     return triton
+
+
+@torch._dynamo.assume_constant_result
+def _select_name_traced(*fields) -> str:
+    return select_route(CallInfo(*fields)).name
+
+
+def select_route_name(info: CallInfo) -> str:
+    """:func:`select_route`'s backend name; while ``torch.compile`` traces, evaluated once as a
+    constant of the graph (the selection reads the environment and logs, which Dynamo cannot trace)."""
+    if torch.compiler.is_compiling():
+        # Plain fields, not the dataclass: Dynamo passes constant-result functions plain values only.
+        return _select_name_traced(info.op, info.device_type, info.arch, info.dtype, info.head_dim,
+                                   info.block_size, info.need_grad, info.batch, info.heads, info.q_len,
+                                   info.kv_len, info.bshd, info.need_lse, info.kv_all_full)
+    return select_route(info).name

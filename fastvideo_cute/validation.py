@@ -1,18 +1,37 @@
-"""Input checks shared by every public op. They run before any launch and name the argument
-at fault. Shape/dtype checks are free; the ``variable_block_sizes`` range check reads the
-tensor (a host sync), so a pass is remembered per live tensor and its version counter, and the
-check is skipped while tracing under torch.compile (fake tensors have no values)."""
+"""Input checks shared by every public op. They run before any launch and name the argument at
+fault.
+
+Shape/dtype/device checks are free. The ``variable_block_sizes`` range check reads values, which
+for a CUDA tensor is a host sync, so :func:`check_sizes_range` remembers a pass per live tensor:
+
+- keyed on the tensor's identity, data pointer, version counter (``None`` for inference tensors,
+  which have none) and the block size; an in-place write bumps the version and forces a re-check;
+- CPU tensors are re-checked on every call (no GPU sync is involved), which also catches writes
+  through ``.numpy()`` that no version counter sees;
+- a remembered CUDA pass is backed by a device-side assert on every call (no sync: one
+  ``aminmax`` and ``torch._assert_async``), which catches what no host record can see — writes
+  through ``.data``, or in place to an inference tensor — that leave the range or break a cached
+  "every block is full" record (the FA4 route then skips the padding pass). It is a documented
+  device-side assert (a CUDA error), not a ``ValueError``: re-create the sizes tensor instead of
+  writing through ``.data``.
+
+The check runs inside the forward op too, so it also holds under ``torch.compile`` (the op body
+runs eagerly on real tensors); meta and fake tensors have no values and skip it.
+"""
 
 from __future__ import annotations
 
 import weakref
+from typing import Optional, Sequence
 
 import torch
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-_INT_DTYPES = (torch.int32, torch.int64, torch.int16, torch.uint8)
+#: integer dtypes accepted for sizes (int32 preferred: others are converted on every call)
+SIZE_DTYPES = (torch.int32, torch.int64, torch.int16, torch.int8, torch.uint8)
 
-__all__ = ["check_qkv", "check_block_map", "check_block_sizes", "has_partial_blocks", "Shapes"]
+__all__ = ["check_qkv", "check_block_map", "check_block_sizes", "check_sizes_range", "has_partial_blocks",
+           "Shapes", "SIZE_DTYPES"]
 
 
 class Shapes(tuple):
@@ -25,6 +44,10 @@ class Shapes(tuple):
     head_dim = property(lambda s: s[4])
 
 
+def _dtype_names(dtypes) -> str:
+    return ", ".join(str(d).replace("torch.", "") for d in dtypes)
+
+
 def _check_tensor(name: str, x) -> None:
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
@@ -32,12 +55,13 @@ def _check_tensor(name: str, x) -> None:
         raise ValueError(f"{name} must be 4-D, got shape {tuple(x.shape)}")
     if x.dtype not in _FLOAT_DTYPES:
         raise TypeError(f"{name} must be float16, bfloat16 or float32, got {x.dtype}")
-    if x.stride(-1) != 1:
+    if x.stride(-1) != 1 and x.shape[-1] > 1:
         raise ValueError(f"{name} must have a contiguous last (head_dim) dimension, got strides {tuple(x.stride())}")
 
 
-def check_qkv(q, k, v, *, bshd: bool, block_size: int) -> Shapes:
-    """Check q/k/v for a ``[B, H, S, D]`` (or ``[B, S, H, D]`` when ``bshd``) call."""
+def check_qkv(q, k, v, *, bshd: bool, block_size: int, head_dims: Optional[Sequence[int]] = None) -> Shapes:
+    """Check q/k/v for a ``[B, H, S, D]`` (or ``[B, S, H, D]`` when ``bshd``) call. ``head_dims``:
+    the head dims some route serves (the API passes the backends' union)."""
     layout = "[B, S, H, D]" if bshd else "[B, H, S, D]"
     for name, x in (("q", q), ("k", k), ("v", v)):
         _check_tensor(name, x)
@@ -55,8 +79,9 @@ def check_qkv(q, k, v, *, bshd: bool, block_size: int) -> Shapes:
         raise ValueError(f"k/v batch and heads must match q's {layout}: q {tuple(q.shape)}, k {tuple(k.shape)}")
     if k.shape[3] != head_dim:
         raise ValueError(f"k/v head_dim {k.shape[3]} must equal q's head_dim {head_dim}")
-    if head_dim % 8 != 0 or not 8 <= head_dim <= 256:
-        raise ValueError(f"head_dim must be a multiple of 8 in [8, 256], got {head_dim}")
+    if head_dims is not None and head_dim not in head_dims:
+        raise ValueError(f"head_dim must be one of {tuple(sorted(head_dims))} (the head dims a route serves), "
+                         f"got {head_dim}")
     if q_len == 0 or q_len % block_size != 0:
         raise ValueError(f"q's sequence length {q_len} must be a positive multiple of the block size {block_size}")
     if kv_len == 0 or kv_len % block_size != 0:
@@ -84,38 +109,80 @@ def check_block_map(block_map, shapes: Shapes, block_size: int, device: torch.de
     return block_map
 
 
-# id(tensor) -> (version, block_size, has a partial block) of a tensor whose range was checked. The entry is
-# dropped when the tensor dies, and a write to it bumps its version, so a stale pass is impossible.
+# id(tensor) -> (key, has a partial block) of a tensor whose range was checked; dropped when it dies.
 _RANGE_OK: dict = {}
+
+
+def _has_values(t: torch.Tensor) -> bool:
+    return t.device.type != "meta" and not isinstance(t, torch._subclasses.FakeTensor)
+
+
+def _record_key(sizes: torch.Tensor, block_size: int):
+    version = None if sizes.is_inference() else sizes._version
+    return (version, sizes.data_ptr(), tuple(sizes.shape), block_size)
+
+
+def _remember(sizes: torch.Tensor, key, partial: bool) -> None:
+    if id(sizes) not in _RANGE_OK:
+        weakref.finalize(sizes, _RANGE_OK.pop, id(sizes), None)
+    _RANGE_OK[id(sizes)] = (key, partial)
+
+
+def _device_backstop(sizes: torch.Tensor, block_size: int, partial: bool, name: str) -> None:
+    lo, hi = torch.aminmax(sizes)
+    ok = (lo >= 0) & (hi <= block_size) if partial else (lo == block_size) & (hi == block_size)
+    torch._assert_async(ok, f"{name} changed behind the library's back (a write through .data, or in place to an "
+                            f"inference tensor) and no longer matches its range check [0, {block_size}]"
+                            f"{'' if partial else ' with every block full'}; re-create the tensor instead")
+
+
+def check_sizes_range(sizes: torch.Tensor, block_size: int, name: str = "variable_block_sizes") -> None:
+    """Raise ``ValueError`` unless every entry of ``sizes`` lies in ``[0, block_size]`` (see the
+    module docstring for what is remembered, and the device-side backstop)."""
+    if not _has_values(sizes) or sizes.numel() == 0:
+        return
+    key = _record_key(sizes, block_size)
+    entry = _RANGE_OK.get(id(sizes))
+    if entry is not None and entry[0] == key and sizes.device.type != "cpu":
+        _device_backstop(sizes, block_size, entry[1], name)
+        return
+    lo, hi = (int(x) for x in torch.aminmax(sizes))
+    if lo < 0 or hi > block_size:
+        raise ValueError(f"{name} must lie in [0, {block_size}], got values in [{lo}, {hi}]")
+    _remember(sizes, key, lo < block_size)
 
 
 def check_block_sizes(sizes, num_blocks: int, block_size: int, device: torch.device,
                       name: str = "variable_block_sizes") -> torch.Tensor:
-    """Return the sizes as contiguous int32 ``[num_blocks]`` after checking shape and range."""
+    """Return the sizes as contiguous int32 ``[num_blocks]`` after checking type, shape, device
+    and range. A converted copy inherits the original's range record."""
     if not isinstance(sizes, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(sizes).__name__}")
-    if sizes.dtype not in _INT_DTYPES:
-        raise TypeError(f"{name} must be an integer tensor (int32 preferred), got {sizes.dtype}")
+    if sizes.dtype not in SIZE_DTYPES:
+        raise TypeError(f"{name} must be an integer tensor ({_dtype_names(SIZE_DTYPES)}; int32 preferred), "
+                        f"got {sizes.dtype}")
     if sizes.device != device:
         raise ValueError(f"{name} must be on q's device {device}, got {sizes.device}")
     if sizes.dim() != 1 or sizes.numel() != num_blocks:
         raise ValueError(f"{name} must be 1-D with one entry per block ({num_blocks}), got shape {list(sizes.shape)}")
     if not torch.compiler.is_compiling():
-        entry = _RANGE_OK.get(id(sizes))
-        if entry is None or entry[:2] != (sizes._version, block_size):
-            lo, hi = int(sizes.min()), int(sizes.max())
-            if lo < 0 or hi > block_size:
-                raise ValueError(f"{name} must lie in [0, {block_size}], got values in [{lo}, {hi}]")
-            if entry is None:
-                weakref.finalize(sizes, _RANGE_OK.pop, id(sizes), None)
-            _RANGE_OK[id(sizes)] = (sizes._version, block_size, lo < block_size)
-    return sizes if sizes.dtype == torch.int32 and sizes.is_contiguous() else sizes.to(torch.int32).contiguous()
+        check_sizes_range(sizes, block_size, name)
+    if sizes.dtype == torch.int32 and sizes.is_contiguous():
+        return sizes
+    converted = sizes.to(torch.int32).contiguous()
+    entry = _RANGE_OK.get(id(sizes))
+    if entry is not None and _has_values(converted):
+        _remember(converted, _record_key(converted, block_size), entry[1])
+    return converted
 
 
 def has_partial_blocks(sizes: torch.Tensor, block_size: int) -> bool:
     """Whether some block is shorter than ``block_size``, from the range check's record when it
-    has one for this tensor (no sync); True (the safe answer) when unknown."""
+    has one for this tensor (no sync); True (the safe answer) when unknown, as while
+    ``torch.compile`` traces."""
+    if torch.compiler.is_compiling():
+        return True
     entry = _RANGE_OK.get(id(sizes))
-    if entry is not None and entry[:2] == (sizes._version, block_size):
-        return entry[2]
+    if entry is not None and _has_values(sizes) and entry[0] == _record_key(sizes, block_size):
+        return entry[1]
     return True

@@ -48,8 +48,9 @@ def test_cute_on_sm121_picks_the_sm120_kernel_for_inference(monkeypatch):
 def test_sm120_support_refuses_with_reason(change, words, monkeypatch, caplog):
     ok, reason = BACKENDS["sm120"].support(_with(**change))
     assert not ok and words in reason
-    # Asked for CuTe on a GB10: falls back to Triton and logs that reason once.
-    if change.get("arch", (12, 1))[0] == 12:
+    # Asked for CuTe on a GB10: falls back to Triton and logs that reason once (batch * heads past
+    # the grid limit is refused by Triton too: tested in test_triton_refuses_grid_past_its_limit).
+    if change.get("arch", (12, 1))[0] == 12 and "heads" not in change:
         monkeypatch.setenv("FASTVIDEO_VSA_CUTEDSL", "1")
         with caplog.at_level("WARNING", logger="fastvideo_cute"):
             assert select_route(_with(**change)).name == "triton"
@@ -87,11 +88,9 @@ def test_fa4_64_token_backward_goes_to_triton_with_reason(monkeypatch, caplog):
 
 
 def test_sm100_64_token_kernels_only_by_name_until_verified(monkeypatch):
-    from fastvideo_cute.backends import sm100_backend
-
     info = _with(arch=(10, 0), block_size=64, need_grad=True, need_lse=True, q_len=4096, kv_len=4096)
     monkeypatch.setenv("FASTVIDEO_VSA_CUTEDSL", "1")
-    if not sm100_backend.verified_on_hardware():
+    if not BACKENDS["sm100"].verified_on((10, 0)):
         assert select_route(info).name == "triton"  # FA4 cannot serve 64-token tiles on sm_100
     monkeypatch.delenv("FASTVIDEO_VSA_CUTEDSL")
     monkeypatch.setenv("FASTVIDEO_VSA_BACKEND", "sm100")
@@ -120,3 +119,12 @@ def test_sm100_forward_alone_also_serves_sm103():
 
     ok, _ = BACKENDS["sm100"].support(_with(arch=(10, 3), block_size=64, need_grad=False, q_len=4096, kv_len=4096))
     assert ok
+
+
+def test_triton_refuses_grid_past_its_limit(monkeypatch):
+    ok, reason = BACKENDS["triton"].support(_with(batch=2, heads=40000))
+    assert not ok and "grid limit 65535" in reason
+    assert BACKENDS["triton"].support(_with(batch=1, heads=65535))[0]
+    monkeypatch.setenv("FASTVIDEO_VSA_CUTEDSL", "1")
+    with pytest.raises(RouteError, match="grid limit"):
+        select_route(_with(batch=1, heads=70000))

@@ -1,57 +1,92 @@
 """The CuTe route on FlashAttention-4: VSA block maps adapted into FA4 block sparsity
 (:mod:`fastvideo_cute.adapters.fa4`). FA4 wants ``[B, S, H, D]``; BHSD callers are passed as
 transposed views and their output is made contiguous BHSD again (use the ``_bshd`` APIs to
-avoid that copy)."""
+avoid that copy). Inputs arrive validated, so this backend builds the metadata and calls FA4's
+kernels directly (the adapter's checked entry points are for direct users)."""
 
 from __future__ import annotations
 
 import importlib.util
-from typing import Tuple
+from typing import Dict
 
 import torch
 
-from ..adapters.fa4 import fa4_block_sparse_bwd, fa4_block_sparse_fwd, fa4_support, fa4_version_problems
-from ..routes import CallInfo
+from ..adapters.fa4 import (build_bwd_metadata, build_fwd_metadata, fa4_arch, fa4_block_sparse_bwd_prebuilt,
+                            fa4_block_sparse_fwd_prebuilt, fa4_bwd_plan, fa4_fwd_plan, fa4_support,
+                            fa4_version_problems, sm90_bwd_tile_m, zero_kv_padding)
+from ..adapters.fa4_plan import FA4_HEAD_DIMS
+from ..call import CallInfo
 from ..validation import has_partial_blocks
+from .base import CompileKey, Verdict, basic_key
 
+__all__ = ["FA4Backend"]
 
-def support(info: CallInfo) -> Tuple[bool, str]:
-    if info.device_type != "cuda":
-        return False, "FA4 needs CUDA tensors"
-    ok, reason = fa4_support(info.arch, info.dtype, info.head_dim, info.block_size, info.block_size, info.need_grad)
-    if not ok:
-        return False, reason
-    if importlib.util.find_spec("flash_attn") is None:
-        return False, "flash-attn-4 is not installed (pip install 'fastvideo-cute' pins flash-attn-4==4.0.0b36)"
-    problems = fa4_version_problems()
-    if problems:
-        return False, "CuTe stack version mismatch: " + "; ".join(map(str, problems))
-    return True, "ok"
+_INSTALL = "pip install 'fastvideo-cute[cute]' (pins flash-attn-4==4.0.0b36)"
 
 
 def _bshd_view(x: torch.Tensor, bshd: bool) -> torch.Tensor:
     return x if bshd else x.transpose(1, 2)
 
 
-def forward(q, k, v, block_map, kv_block_sizes, *, block_size: int, bshd: bool, need_backward: bool,
-            sm_scale: float):
-    # Padded keys may hold anything (the contract says it never leaks); FA4 reads partial tiles
-    # whole, so zero them out of place when any tile is partial (known from the cached range check).
-    # All-full blocks (also from that record) skip the partial lists and the padding pass.
-    partial = has_partial_blocks(kv_block_sizes, block_size)
-    out, lse = fa4_block_sparse_fwd(_bshd_view(q, bshd), _bshd_view(k, bshd), _bshd_view(v, bshd), block_map,
-                                    kv_block_sizes, block_size=block_size, need_backward=need_backward,
-                                    softmax_scale=sm_scale, zero_kv_padding=partial, all_full=not partial)
-    out = out if bshd else out.transpose(1, 2)
-    return out.contiguous(), lse
+class FA4Backend:
+    name = "fa4"
+    head_dims = FA4_HEAD_DIMS
 
+    def verified_on(self, arch) -> bool:
+        # Run on the H200 (tests/logs); the sm_100 plans are compile-verified only.
+        return arch is not None and tuple(arch)[0] == 9
 
-def backward(q, k, v, out, dout, lse, block_map, kv_block_sizes, *, block_size: int, bshd: bool, sm_scale: float):
-    partial = has_partial_blocks(kv_block_sizes, block_size)
-    dq, dk, dv = fa4_block_sparse_bwd(_bshd_view(q, bshd), _bshd_view(k, bshd), _bshd_view(v, bshd),
-                                      _bshd_view(out, bshd), _bshd_view(dout, bshd), lse, block_map, kv_block_sizes,
-                                      block_size=block_size, softmax_scale=sm_scale, zero_kv_padding=partial,
-                                      all_full=not partial)
-    if not bshd:
-        dq, dk, dv = (t.transpose(1, 2) for t in (dq, dk, dv))
-    return dq.contiguous(), dk.contiguous(), dv.contiguous()
+    def support(self, call: CallInfo) -> Verdict:
+        if call.device_type != "cuda":
+            return False, "FA4 needs CUDA tensors"
+        ok, reason = fa4_support(call.arch, call.dtype, call.head_dim, call.block_size, call.block_size,
+                                 call.need_grad)
+        if not ok:
+            return False, reason
+        if importlib.util.find_spec("flash_attn") is None:
+            return False, f"flash-attn-4 is not installed ({_INSTALL})"
+        problems = fa4_version_problems()
+        if problems:
+            return False, "CuTe stack version mismatch: " + "; ".join(map(str, problems)) + f" ({_INSTALL})"
+        return True, "ok"
+
+    def compile_keys(self, call: CallInfo) -> Dict[str, CompileKey]:
+        keys = {}
+        for direction in ("fwd", "bwd") if call.need_grad else ("fwd",):
+            plan = (fa4_fwd_plan if direction == "fwd" else fa4_bwd_plan)(call.arch, call.block_size)
+            tile = f"{plan.tile_mn[0]}x{plan.tile_mn[1]}" if plan.tile_mn else "fa4-default"
+            if direction == "bwd" and call.arch[0] == 9:
+                tile = f"{sm90_bwd_tile_m(call.head_dim, plan.q_sparse)}x{plan.kv_tile}"
+            detail = (("tile", tile),
+                      ("plan", f"q{plan.q_sparse}/kv{plan.kv_tile}" + ("/1stage" if plan.single_q_stage else "")),
+                      # FA4 keys on "one q block" / "one kv block" (TVM stride specialization)
+                      ("single_blocks", f"{call.q_len <= plan.q_sparse}/{call.kv_len <= plan.kv_tile}"))
+            keys[direction] = basic_key(self.name, call, direction, call.block_size, detail)
+        return keys
+
+    def forward(self, q, k, v, block_map, kv_block_sizes, *, block_size: int, bshd: bool, need_backward: bool,
+                sm_scale: float):
+        # Padded keys may hold anything (the contract says it never leaks); FA4 reads partial tiles
+        # whole, so they are zeroed out of place when any tile is partial (known from the cached
+        # range check). All-full blocks skip the partial lists and the padding pass.
+        del need_backward  # support() already checked the backward is servable
+        partial = has_partial_blocks(kv_block_sizes, block_size)
+        meta = build_fwd_metadata(block_map, kv_block_sizes, fa4_fwd_plan(fa4_arch(), block_size), not partial)
+        qs, ks, vs = (_bshd_view(x, bshd) for x in (q, k, v))
+        if partial:
+            ks, vs = zero_kv_padding(ks, vs, meta)
+        out, lse = fa4_block_sparse_fwd_prebuilt(qs, ks, vs, meta, softmax_scale=sm_scale)
+        out = out if bshd else out.transpose(1, 2)
+        return out.contiguous(), lse
+
+    def backward(self, q, k, v, out, dout, lse, block_map, kv_block_sizes, *, block_size: int, bshd: bool,
+                 sm_scale: float):
+        partial = has_partial_blocks(kv_block_sizes, block_size)
+        meta = build_bwd_metadata(block_map, kv_block_sizes, fa4_bwd_plan(fa4_arch(), block_size), not partial)
+        qs, ks, vs, os_, dos = (_bshd_view(x, bshd) for x in (q, k, v, out, dout))
+        if partial:
+            ks, vs = zero_kv_padding(ks, vs, meta)
+        dq, dk, dv = fa4_block_sparse_bwd_prebuilt(qs, ks, vs, os_, dos, lse, meta, softmax_scale=sm_scale)
+        if not bshd:
+            dq, dk, dv = (t.transpose(1, 2) for t in (dq, dk, dv))
+        return dq.contiguous(), dk.contiguous(), dv.contiguous()

@@ -52,9 +52,9 @@ from .report import (_ROUTE_ENV_VARS, Progress, _environment, _fmt_bytes, _fmt_s
                      format_table)
 from .run import (_entry_call, _fa4_cache_state, _interpreting, _make_inputs, _own_state, _sync,
                   _triton_jit_count, classify, execute_own, execute_unit, prepare_process)
-from .variants import (_TORCH_DTYPES, SM120_REGISTRY_NAMES, PlanUnit, Target, VariantKey, Workload, _fa4_detail,
-                       _int_class, _triton_detail, arch_str, cute_arch_str, parse_arch, sm120_variant, torch_dtype,
-                       variant_key)
+from ..backends._triton_keys import int_class as _int_class
+from .variants import (_TORCH_DTYPES, SM120_REGISTRY_NAMES, PlanUnit, Target, VariantKey, Workload, arch_str,
+                       cute_arch_str, parse_arch, sm120_variant, torch_dtype, variant_key)
 
 __all__ = [
     "CACHE_ROOT_ENV",

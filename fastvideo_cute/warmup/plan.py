@@ -11,7 +11,7 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 from ..warmup_presets import get_preset, tile_for_block
 from .variants import (SM120_REGISTRY_NAMES, PlanUnit, Target, Workload, cute_arch_str, sm120_variant,
-                       torch_dtype, variant_key)
+                       torch_dtype)
 
 
 _MODES = ("train", "infer")
@@ -50,7 +50,7 @@ def route_env(route: str = "auto", backend: Optional[str] = None) -> Iterator[No
 
 def synthetic_call_info(w: Workload, target: Target, need_grad: bool):
     """The ``CallInfo`` the op would build for this workload on the target (no tensors)."""
-    from ..routes import CallInfo
+    from ..call import CallInfo
 
     fields = {f.name for f in dataclasses.fields(CallInfo)}
     extra = {"batch": w.batch, "heads": w.heads, "q_len": w.seq_len, "kv_len": w.seq_len,
@@ -71,8 +71,8 @@ def enumerate_plan(workloads: Sequence[Workload], target: Target, modes: Sequenc
     the environment variables, set by ``route``/``backend`` as :func:`route_env` does), so the
     plan is the decision the op will make. In ``train`` the backward runs on the forward's route
     (``ops._setup_context`` selects once with ``need_grad=True``)."""
-    from .. import ops  # noqa: F401 - registers the backends' routes
-    from ..routes import _ROUTES, RouteError, _cute_preferences, env_flag, select_route
+    from ..backends import BACKENDS
+    from ..routes import RouteError, cute_preferences, env_flag, select_route
 
     units: List[PlanUnit] = []
     with route_env(route, backend), _quiet_route_log():
@@ -87,11 +87,12 @@ def enumerate_plan(workloads: Sequence[Workload], target: Target, modes: Sequenc
                     continue
                 unit = PlanUnit(w, mode, chosen)
                 if env_flag("FASTVIDEO_VSA_CUTEDSL") and chosen == "triton":
-                    reasons = [f"{name}: {_ROUTES[name].support(info)[1]}" for name in _cute_preferences(info)
-                               if name in _ROUTES]
+                    reasons = [f"{name}: {BACKENDS[name].support(info)[1]}" for name in cute_preferences(info)
+                               if name in BACKENDS]
                     unit.note = "CuTe falls back: " + ("; ".join(reasons) or "no CuTe backend is registered")
+                keys = BACKENDS[chosen].compile_keys(info)
                 for direction in unit.directions:
-                    unit.keys[direction] = variant_key(chosen, w, direction, target)
+                    unit.keys[direction] = keys[direction]
                 units.append(unit)
     return units
 
@@ -122,7 +123,7 @@ def own_kernels_for(target: Target, policy: str = "auto", route: str = "auto",
     if target.arch is None or (policy == "none" and not names):
         return []
     from ..kernels.cute import REGISTRY
-    from ..routes import env_flag
+    from ..env import env_flag
 
     arch = cute_arch_str(target.arch)
     targeted = [spec.name for spec in REGISTRY if arch in spec.archs]

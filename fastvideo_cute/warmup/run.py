@@ -81,9 +81,9 @@ def _own_state() -> Dict[str, int]:
 
 
 def _interpreting() -> bool:
-    from ..routes import env_flag
+    from ..backends.triton_backend import interpreting
 
-    return env_flag("TRITON_INTERPRET")
+    return interpreting()
 
 
 def classify(route: Optional[str], new: Dict[str, Tuple[int, int]], triton_delta: Optional[int],

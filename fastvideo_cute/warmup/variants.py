@@ -4,10 +4,9 @@
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 from typing import Dict, Optional, Tuple
 
+from fastvideo_cute.backends.base import CompileKey
 from fastvideo_cute.kernels.cute import block_sparse_fwd128 as _fwd128  # variant names only (no CuTe import)
 
 
@@ -87,29 +86,8 @@ class Workload:
         return (self.batch, self.heads, self.seq_len, self.head_dim)
 
 
-@dataclasses.dataclass(frozen=True)
-class VariantKey:
-    """The static facts a route compiles one kernel variant on. Two calls with equal keys run the
-    same compiled code, so the second is served from the first's compile."""
-
-    route: str
-    direction: str  # "fwd" or "bwd"
-    arch: str  # "sm_90", ..., or "cpu"
-    dtype: str
-    head_dim: int
-    block_size: int
-    detail: Tuple[Tuple[str, str], ...] = ()
-
-    def digest(self) -> str:
-        """Stable across processes and machines (sha256 of the canonical JSON, not ``hash()``)."""
-        blob = json.dumps(dataclasses.asdict(self), sort_keys=True).encode()
-        return hashlib.sha256(blob).hexdigest()[:12]
-
-    @property
-    def label(self) -> str:
-        extra = " ".join(f"{k}={v}" for k, v in self.detail if k in ("tile", "plan", "kernel"))
-        return f"{self.route} {self.direction} {self.dtype} d{self.head_dim} b{self.block_size} {self.arch}" + (
-            f" {extra}" if extra else "")
+# The static facts a backend compiles one variant on (the backends' ``compile_keys`` build them).
+VariantKey = CompileKey
 
 
 @dataclasses.dataclass
@@ -140,64 +118,12 @@ def torch_dtype(name: str):
     return getattr(torch, _TORCH_DTYPES[name])
 
 
-def _int_class(n: int) -> str:
-    """How Triton 3.x specializes an int argument: ``1`` is a constant, multiples of 16 carry a
-    divisibility hint, and values past int32 are i64 (tests cross-check it against Triton)."""
-    if n == 1:
-        return "1"
-    width = "i64" if not -(2 ** 31) <= n < 2 ** 31 else "i32"
-    return f"{width}/16" if n % 16 == 0 else width
-
-
-def _triton_detail(w: Workload, direction: str) -> Tuple[Tuple[str, str], ...]:
-    from ..backends.triton_backend import PHYSICAL_TILES
-
-    q_tile, kv_tile = PHYSICAL_TILES[w.block_size]
-    try:
-        from ..kernels.triton._common import default_config
-
-        cfg = default_config(w.head_dim, torch_dtype(w.dtype), q_tile, kv_tile)
-        sections = ("fwd",) if direction == "fwd" else ("bwd_pre", "bwd_dq", "bwd_dkdv")
-        cfg_txt = ";".join(f"{s}:" + ",".join(f"{k}={v}" for k, v in sorted(cfg[s].items())) for s in sections)
-    except Exception as exc:  # noqa: BLE001 - the key stays usable without the kernel package
-        cfg_txt = f"unknown ({type(exc).__name__})"
-    h, s, d, b = w.heads, w.seq_len, w.head_dim, w.batch
-    strides = (s * h * d, d, h * d) if w.layout == "bshd" else (h * s * d, s * d, d)
-    ints = {"H": h, "S": s, "Qb": s // q_tile, "KVb": s // kv_tile, "sb": strides[0], "sh": strides[1],
-            "sm": strides[2]}
-    spec = ",".join(f"{k}:{_int_class(v)}" for k, v in ints.items())
-    return (("tile", f"{q_tile}x{kv_tile}"), ("config", cfg_txt), ("ints", spec))
-
-
-def _fa4_detail(w: Workload, direction: str, arch: Tuple[int, int]) -> Tuple[Tuple[str, str], ...]:
-    from ..adapters.fa4 import _sm90_bwd_tile_m, fa4_bwd_plan, fa4_fwd_plan
-
-    plan = fa4_fwd_plan(arch, w.block_size) if direction == "fwd" else fa4_bwd_plan(arch, w.block_size)
-    tile = f"{plan.tile_mn[0]}x{plan.tile_mn[1]}" if plan.tile_mn else "fa4-default"
-    if direction == "bwd" and arch[0] == 9:
-        tile = f"{_sm90_bwd_tile_m(w.head_dim, plan.q_sparse)}x{plan.kv_tile}"
-    detail = [("tile", tile),
-              ("plan", f"q{plan.q_sparse}/kv{plan.kv_tile}" + ("/1stage" if plan.single_q_stage else "")),
-              # FA4 keys on "one q block" / "one kv block" (TVM stride specialization)
-              ("single_blocks", f"{w.seq_len <= plan.q_sparse}/{w.seq_len <= plan.kv_tile}")]
-    return tuple(detail)
-
-
 def variant_key(route: str, w: Workload, direction: str, target: Target) -> VariantKey:
-    if route == "triton":
-        detail = _triton_detail(w, direction)
-    elif route == "fa4":
-        detail = _fa4_detail(w, direction, target.arch)
-    elif route == "sm120":
-        variant = sm120_variant()
-        detail = (("kernel", SM120_REGISTRY_NAMES.get(variant, variant)), ("tile", "128x128"),
-                  ("target", cute_arch_str(target.arch)))
-    else:  # a backend this module does not know the compile facts of: key on the call's statics
-        detail = (("layout", w.layout),)
-    # sm120 runs 256-token blocks as 2x2 128-token tiles: one compiled kernel for both block sizes.
-    block = 128 if route == "sm120" else w.block_size
-    return VariantKey(route, direction, arch_str(target.arch) if target.device_type == "cuda" else "cpu",
-                      w.dtype, w.head_dim, block, detail)
+    """The compile key of one direction of a workload on ``route`` (asks the backend)."""
+    from ..backends import BACKENDS
+    from .plan import synthetic_call_info
+
+    return BACKENDS[route].compile_keys(synthetic_call_info(w, target, direction == "bwd"))[direction]
 
 
 #: sm120 adapter variant -> its registry name (``fastvideo_cute.kernels.cute.REGISTRY``)
