@@ -19,10 +19,7 @@ def int_class(n: int) -> str:
     return f"{width}/16" if n % 16 == 0 else width
 
 
-def triton_detail(call: CallInfo, direction: str) -> Tuple[Tuple[str, str], ...]:
-    from .triton_backend import PHYSICAL_TILES
-
-    q_tile, kv_tile = PHYSICAL_TILES[call.block_size]
+def triton_detail(call: CallInfo, direction: str, q_tile: int, kv_tile: int) -> Tuple[Tuple[str, str], ...]:
     try:
         from ..kernels.triton._common import default_config
 

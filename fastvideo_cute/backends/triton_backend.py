@@ -17,6 +17,7 @@ import torch
 
 from ..call import CallInfo
 from ..metadata import map_to_index, physical_layout
+from ._triton_keys import triton_detail
 from .base import CompileKey, Verdict, basic_key
 
 __all__ = ["TritonBackend", "HEAD_DIMS", "PHYSICAL_TILES", "MAX_GRID_Y"]
@@ -83,10 +84,9 @@ class TritonBackend:
         return True, "ok"
 
     def compile_keys(self, call: CallInfo) -> Dict[str, CompileKey]:
-        from ._triton_keys import triton_detail
-
         directions = ("fwd", "bwd") if call.need_grad else ("fwd",)
-        return {d: basic_key(self.name, call, d, call.block_size, triton_detail(call, d)) for d in directions}
+        tiles = PHYSICAL_TILES[call.block_size]
+        return {d: basic_key(self.name, call, d, call.block_size, triton_detail(call, d, *tiles)) for d in directions}
 
     def forward(self, q, k, v, block_map, kv_block_sizes, *, block_size: int, bshd: bool, need_backward: bool,
                 sm_scale: float, config: Optional[dict] = None):

@@ -4,14 +4,13 @@ own support predicates; our registry CuTe kernels to compile; workloads from pre
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import math
 import os
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 from ..warmup_presets import get_preset, tile_for_block
 from .variants import (SM120_REGISTRY_NAMES, PlanUnit, Target, Workload, cute_arch_str, sm120_variant,
-                       torch_dtype)
+                       synthetic_call_info)
 
 
 _MODES = ("train", "infer")
@@ -46,21 +45,6 @@ def route_env(route: str = "auto", backend: Optional[str] = None) -> Iterator[No
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
-
-
-def synthetic_call_info(w: Workload, target: Target, need_grad: bool):
-    """The ``CallInfo`` the op would build for this workload on the target (no tensors)."""
-    from ..call import CallInfo
-
-    fields = {f.name for f in dataclasses.fields(CallInfo)}
-    extra = {"batch": w.batch, "heads": w.heads, "q_len": w.seq_len, "kv_len": w.seq_len,
-             "bshd": w.layout == "bshd",
-             # newer CallInfo fields, passed when this version of the router has them:
-             "need_lse": w.entry == "bsa",  # video_sparse_attn discards the sparse branch's LSE
-             "kv_all_full": w.all_full}
-    return CallInfo("block_sparse", target.device_type, target.arch if target.device_type == "cuda" else None,
-                    torch_dtype(w.dtype), w.head_dim, w.block_size, need_grad,
-                    **{k: v for k, v in extra.items() if k in fields})
 
 
 def enumerate_plan(workloads: Sequence[Workload], target: Target, modes: Sequence[str] = _MODES,

@@ -118,10 +118,24 @@ def torch_dtype(name: str):
     return getattr(torch, _TORCH_DTYPES[name])
 
 
+def synthetic_call_info(w: Workload, target: Target, need_grad: bool):
+    """The ``CallInfo`` the op would build for this workload on the target (no tensors)."""
+    from ..call import CallInfo
+
+    fields = {f.name for f in dataclasses.fields(CallInfo)}
+    extra = {"batch": w.batch, "heads": w.heads, "q_len": w.seq_len, "kv_len": w.seq_len,
+             "bshd": w.layout == "bshd",
+             # newer CallInfo fields, passed when this version of the router has them:
+             "need_lse": w.entry == "bsa",  # video_sparse_attn discards the sparse branch's LSE
+             "kv_all_full": w.all_full}
+    return CallInfo("block_sparse", target.device_type, target.arch if target.device_type == "cuda" else None,
+                    torch_dtype(w.dtype), w.head_dim, w.block_size, need_grad,
+                    **{k: v for k, v in extra.items() if k in fields})
+
+
 def variant_key(route: str, w: Workload, direction: str, target: Target) -> VariantKey:
     """The compile key of one direction of a workload on ``route`` (asks the backend)."""
     from ..backends import BACKENDS
-    from .plan import synthetic_call_info
 
     return BACKENDS[route].compile_keys(synthetic_call_info(w, target, direction == "bwd"))[direction]
 
