@@ -40,6 +40,7 @@ def map_to_index(block_map: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     plain torch ops) takes :func:`_map_to_index_torch`, the reference the fused kernel equals
     bit for bit.
     """
+    _check_map(block_map)
     if block_map.is_cuda and block_map.dim() >= 2 and not torch.compiler.is_compiling():
         fused = _fused_map_to_index()
         if fused is not None and block_map.shape[-1] <= fused[1]:
@@ -48,6 +49,20 @@ def map_to_index(block_map: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
 
 
 _FUSED = None  # (map_to_index_fused, MAX_COLS) once imported; False if Triton is not importable
+
+
+def _check_map(block_map, name: str = "block_map") -> None:
+    if not isinstance(block_map, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(block_map).__name__}")
+    if block_map.dtype.is_floating_point or block_map.dtype.is_complex:
+        raise TypeError(f"{name} must be a bool or integer tensor, got {block_map.dtype}")
+    if block_map.dim() < 1:
+        raise ValueError(f"{name} must have at least 1 dimension [..., C], got a 0-d tensor")
+
+
+def _check_factor(name: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
 
 
 def _fused_map_to_index():
@@ -108,6 +123,11 @@ def invert_indices(
 def expand_block_map(block_map: torch.Tensor, q_factor: int, kv_factor: int) -> torch.Tensor:
     """Logical map -> physical map: each logical q block becomes ``q_factor`` physical ones,
     each kv block ``kv_factor``; a physical pair is selected iff its logical pair is."""
+    _check_map(block_map)
+    _check_factor("q_factor", q_factor)
+    _check_factor("kv_factor", kv_factor)
+    if block_map.dim() < 2:
+        raise ValueError(f"block_map must be [..., Qb, KVb], got shape {tuple(block_map.shape)}")
     out = block_map
     if q_factor != 1:
         out = out.repeat_interleave(q_factor, dim=-2)

@@ -1,0 +1,134 @@
+"""fastvideo_cute.ops: the custom ops' contract around the backends — the route recorded in the
+graph, the range check under torch.compile, empty batches, meta tensors, forward-mode AD refused,
+concurrent interpreter calls, and the dispatch counter tests use to observe which backend ran."""
+
+import threading
+
+import pytest
+import torch
+import torch.autograd.forward_ad as fwAD
+
+import fastvideo_cute as fvc
+from fastvideo_cute import ops
+from fastvideo_cute.backends import registry
+from fastvideo_cute.backends.triton_backend import TritonBackend
+
+from .conftest import HAS_CUDA
+
+DEV = "cuda" if HAS_CUDA else "cpu"
+
+
+@pytest.fixture(autouse=True)
+def _env(monkeypatch):
+    for name in ("FASTVIDEO_VSA_TRITON", "FASTVIDEO_VSA_CUTEDSL", "FASTVIDEO_VSA_BACKEND"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def _inputs(b=1, h=1, n=2, d=32, grad=False, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(b, h, n * 64, d, generator=g).to(DEV).requires_grad_(grad) for _ in range(3))
+    m = torch.ones(b, h, n, n, dtype=torch.bool, device=DEV)
+    m[..., 0, 1] = False
+    return q, k, v, m, torch.tensor([64, 40][:n] + [64] * max(0, n - 2), dtype=torch.int32, device=DEV)
+
+
+class _Probe(TritonBackend):
+    """The Triton backend under another name (a test-only backend to observe routing)."""
+
+    name = "probe"
+
+
+@pytest.fixture
+def probe():
+    backend = registry.register(_Probe())
+    yield backend
+    registry.REGISTRY.pop("probe")
+
+
+def test_dispatch_counts_observe_the_backend_that_ran(probe, monkeypatch):
+    q, k, v, m, s = _inputs(grad=True)
+    before = ops.dispatch_counts.copy()
+    monkeypatch.setenv("FASTVIDEO_VSA_BACKEND", "probe")
+    out, _ = fvc.block_sparse_attn(q, k, v, m, s)
+    out.sum().backward()
+    assert ops.dispatch_counts[("probe", "fwd")] - before[("probe", "fwd")] == 1
+    assert ops.dispatch_counts[("probe", "bwd")] - before[("probe", "bwd")] == 1
+    assert ops.dispatch_counts[("triton", "fwd")] == before[("triton", "fwd")]
+
+
+def test_compiled_forward_and_backward_stay_on_the_traced_route(probe, monkeypatch):
+    torch._dynamo.reset()
+    q, k, v, m, s = _inputs(grad=True)
+    monkeypatch.setenv("FASTVIDEO_VSA_BACKEND", "probe")
+    fn = torch.compile(lambda q, k, v: fvc.block_sparse_attn(q, k, v, m, s)[0], fullgraph=True, backend="aot_eager")
+    fn(q, k, v)  # traced with FASTVIDEO_VSA_BACKEND=probe
+    monkeypatch.setenv("FASTVIDEO_VSA_BACKEND", "triton")  # changed after compilation
+    before = ops.dispatch_counts.copy()
+    fn(q, k, v).sum().backward()
+    delta = {key: ops.dispatch_counts[key] - before[key] for key in ops.dispatch_counts}
+    assert delta.get(("probe", "fwd")) == 1 and delta.get(("probe", "bwd")) == 1, delta
+    assert not delta.get(("triton", "fwd")) and not delta.get(("triton", "bwd")), delta
+
+
+def test_range_check_holds_under_torch_compile():
+    torch._dynamo.reset()
+    q, k, v, m, _ = _inputs()
+    bad = torch.tensor([-7, 1000], dtype=torch.int32, device=DEV)
+    fn = torch.compile(lambda q, k, v, s: fvc.block_sparse_attn(q, k, v, m, s)[0], fullgraph=True,
+                       backend="aot_eager")
+    with pytest.raises(ValueError, match=r"variable_block_sizes must lie in \[0, 64\], got values in \[-7, 1000\]"):
+        fn(q, k, v, bad)
+
+
+@pytest.mark.parametrize("b,h", [(0, 2), (2, 0)])
+def test_empty_batch_or_heads_give_empty_outputs_and_grads(b, h):
+    q, k, v = (torch.randn(b, h, 128, 32, device=DEV, requires_grad=True) for _ in range(3))
+    m = torch.ones(b, h, 2, 2, dtype=torch.bool, device=DEV)
+    s = torch.full((2,), 64, dtype=torch.int32, device=DEV)
+    out, lse = fvc.block_sparse_attn(q, k, v, m, s)
+    assert out.shape == q.shape and lse.shape == (b, h, 128)
+    dq, dk, dv = torch.autograd.grad(out.sum(), (q, k, v), allow_unused=True)
+    assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape
+
+
+def test_meta_tensors_take_the_fake_path():
+    q, k, v = (torch.empty(1, 2, 128, 32, device="meta") for _ in range(3))
+    m = torch.ones(1, 2, 2, 2, dtype=torch.bool, device="meta")
+    s = torch.empty(2, dtype=torch.int32, device="meta")
+    out, lse = fvc.block_sparse_attn(q, k, v, m, s)
+    assert out.device.type == "meta" and out.shape == q.shape and lse.shape == (1, 2, 128)
+    out = fvc.video_sparse_attn(q, k, v, s, s, 1, block_size=64)
+    assert out.device.type == "meta" and out.shape == q.shape
+
+
+def test_forward_ad_is_refused_not_a_zero_tangent():
+    q, k, v, m, s = _inputs()
+    with pytest.raises(ops.ForwardADError, match="no forward-mode AD"):
+        torch.func.jvp(lambda q: fvc.block_sparse_attn(q, k, v, m, s)[0], (q,), (torch.ones_like(q),))
+    with fwAD.dual_level():
+        dual = fwAD.make_dual(v, torch.ones_like(v))
+        with pytest.raises(ops.ForwardADError):
+            fvc.block_sparse_attn(q, k, dual, m, s)
+        with pytest.raises(ops.ForwardADError):
+            fvc.video_sparse_attn(q, k, dual, s, s, 1, block_size=64)
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="the lock serialises Triton-interpreter launches (CPU tensors)")
+def test_concurrent_interpreter_calls_from_threads():
+    q, k, v, m, s = _inputs(n=2)
+    ref, _ = fvc.block_sparse_attn(q, k, v, m, s)
+    results, errors = [], []
+
+    def work():
+        try:
+            results.append(fvc.block_sparse_attn(q, k, v, m, s)[0])
+        except Exception as exc:  # noqa: BLE001 - collected and asserted below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert len(results) == 4 and all(torch.equal(r, ref) for r in results)
