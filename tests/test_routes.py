@@ -74,11 +74,6 @@ def test_forced_sm120_that_cannot_serve_raises(monkeypatch):
         select_route(_with(need_grad=True))
 
 
-def test_fa4_on_sm120_says_why(monkeypatch):
-    ok, reason = BACKENDS["fa4"].support(_with(need_lse=True))
-    assert not ok and "sm_90" in reason and "sm_100" in reason
-
-
 def test_fa4_64_token_backward_goes_to_triton_with_reason(monkeypatch, caplog):
     monkeypatch.setenv("FASTVIDEO_VSA_CUTEDSL", "1")
     info = _with(arch=(9, 0), block_size=64, need_grad=True, need_lse=True)
@@ -95,30 +90,6 @@ def test_sm100_64_token_kernels_only_by_name_until_verified(monkeypatch):
     monkeypatch.delenv("FASTVIDEO_VSA_CUTEDSL")
     monkeypatch.setenv("FASTVIDEO_VSA_BACKEND", "sm100")
     assert select_route(info).name == "sm100"
-
-
-@pytest.mark.parametrize("change,words", [
-    (dict(block_size=128), "64-token blocks only"),
-    (dict(arch=(9, 0)), "targets compute capability 10.0"),
-    (dict(arch=(10, 3)), "targets compute capability 10.0"),  # the backward is sm_100a only (seed 000)
-    (dict(q_len=64 * 63, kv_len=64 * 63), "even number of 64-token blocks"),
-    (dict(dtype=torch.float16), "bfloat16 only"),
-    (dict(kv_len=8192), "q_len == kv_len"),
-])
-def test_sm100_support_refuses_with_reason(change, words):
-    from fastvideo_cute.backends import BACKENDS
-
-    info = _with(**{**dict(arch=(10, 0), block_size=64, need_grad=True, need_lse=True, q_len=4096,
-                           kv_len=4096), **change})
-    ok, reason = BACKENDS["sm100"].support(info)
-    assert not ok and words in reason
-
-
-def test_sm100_forward_alone_also_serves_sm103():
-    from fastvideo_cute.backends import BACKENDS
-
-    ok, _ = BACKENDS["sm100"].support(_with(arch=(10, 3), block_size=64, need_grad=False, q_len=4096, kv_len=4096))
-    assert ok
 
 
 def test_triton_refuses_grid_past_its_limit(monkeypatch):

@@ -1,0 +1,41 @@
+"""Backends' support predicates on synthetic calls (no GPU needed): each limit refuses with its reason."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from fastvideo_cute.backends import BACKENDS
+from fastvideo_cute.call import CallInfo
+
+BASE = CallInfo("block_sparse", "cuda", (12, 1), torch.bfloat16, 128, 128, False, batch=1, heads=12,
+                q_len=32768, kv_len=32768, need_lse=False, kv_all_full=True)
+
+
+def _with(**kw):
+    return dataclasses.replace(BASE, **kw)
+
+
+def test_fa4_on_sm120_says_why(monkeypatch):
+    ok, reason = BACKENDS["fa4"].support(_with(need_lse=True))
+    assert not ok and "sm_90" in reason and "sm_100" in reason
+
+
+@pytest.mark.parametrize("change,words", [
+    (dict(block_size=128), "64-token blocks only"),
+    (dict(arch=(9, 0)), "targets compute capability 10.0"),
+    (dict(arch=(10, 3)), "targets compute capability 10.0"),  # the backward is sm_100a only (seed 000)
+    (dict(q_len=64 * 63, kv_len=64 * 63), "even number of 64-token blocks"),
+    (dict(dtype=torch.float16), "bfloat16 only"),
+    (dict(kv_len=8192), "q_len == kv_len"),
+])
+def test_sm100_support_refuses_with_reason(change, words):
+    info = _with(**{**dict(arch=(10, 0), block_size=64, need_grad=True, need_lse=True, q_len=4096,
+                           kv_len=4096), **change})
+    ok, reason = BACKENDS["sm100"].support(info)
+    assert not ok and words in reason
+
+
+def test_sm100_forward_alone_also_serves_sm103():
+    ok, _ = BACKENDS["sm100"].support(_with(arch=(10, 3), block_size=64, need_grad=False, q_len=4096, kv_len=4096))
+    assert ok
