@@ -25,7 +25,7 @@ from torch import Tensor
 
 from .backends import BACKENDS
 from .call import call_info
-from .routes import select_route_name
+from .routes import ROUTE_SEP, select_route_name
 from .validation import check_sizes_range
 
 __all__ = ["block_sparse_attn_op", "dispatch_counts", "ForwardADError"]
@@ -55,6 +55,7 @@ def _fwd(q: Tensor, k: Tensor, v: Tensor, block_map: Tensor, kv_block_sizes: Ten
     if route == _EMPTY_ROUTE:
         out = torch.empty_like(q, memory_format=torch.contiguous_format)
         return out, q.new_empty(_bhs(q, bshd), dtype=torch.float32)
+    route = route.split(ROUTE_SEP)[0]
     dispatch_counts[(route, "fwd")] += 1
     return BACKENDS[route].forward(q, k, v, block_map, kv_block_sizes, block_size=block_size, bshd=bshd,
                                    need_backward=need_grad, sm_scale=sm_scale)
@@ -71,7 +72,8 @@ def _fwd_fake(q, k, v, block_map, kv_block_sizes, block_size, bshd, need_grad, s
 def _bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, block_map: Tensor,
          kv_block_sizes: Tensor, block_size: int, bshd: bool, sm_scale: float, route: str) -> Tuple[Tensor, Tensor,
                                                                                                  Tensor]:
-    """``route`` is the backend the forward ran on (an argument of the forward op, saved by autograd)."""
+    """``route`` is the forward op's route argument (saved by autograd): its backward half runs."""
+    route = route.split(ROUTE_SEP)[-1]
     if route == _EMPTY_ROUTE:
         return tuple(torch.zeros_like(x, memory_format=torch.contiguous_format) for x in (q, k, v))
     if dout.stride(-1) != 1:

@@ -15,12 +15,23 @@ of a compiled call always run on the same backend (re-trace to pick up a changed
 A forced backend that cannot serve a call raises :class:`RouteError` with the reason. An
 automatic fallback (CuTe asked for, not forced by name, cannot serve this call) logs the reason
 once per distinct reason and takes the Triton route. No silent wrong answers.
+
+The measured route table (:mod:`fastvideo_cute.route_table`) orders the backends per call class
+and direction. With no variable set, and with ``FASTVIDEO_VSA_CUTEDSL=1``, each direction takes
+the first backend of its class's order that is registered, verified on this GPU's arch
+(``Backend.verified_on``) and supports the call; so the forward and the backward of one call
+may run on different backends (every backend that returns an LSE follows one contract: natural
+log, fp32 ``[B, H, S_q]``, ``-inf`` for rows without a key). A class the table does not list
+falls back to the rules above (Triton by default; the CuTe preferences with
+``FASTVIDEO_VSA_CUTEDSL=1``), one backend for both directions. A malformed or stale table is
+rejected: the error is logged once and routing runs without it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-from typing import List
+from typing import List, Optional, Tuple
 
 import torch
 
@@ -28,11 +39,17 @@ from .backends import BACKENDS, Backend
 from .call import CallInfo, call_info
 from .env import BACKEND_VAR, TRITON_FLAG, env_flag, route_request
 from .errors import EnvError, RouteError
+from .route_table import RouteTable, RouteTableError, active_route_table, class_key
 
 logger = logging.getLogger("fastvideo_cute")
 
-__all__ = ["RouteError", "EnvError", "CallInfo", "call_info", "select_route", "select_route_name", "route_names",
-           "cute_preferences", "env_flag"]
+__all__ = ["RouteError", "EnvError", "CallInfo", "call_info", "select_route", "select_routes", "select_route_name",
+           "route_names", "cute_preferences", "env_flag", "ROUTE_SEP"]
+
+ROUTE_SEP = "|"  # "forward backend|backward backend" in the op's route argument
+# CallInfo's fields in order (Dynamo cannot trace dataclasses.fields; a test keeps this in step).
+CALL_FIELDS = ("op", "device_type", "arch", "dtype", "head_dim", "block_size", "need_grad", "batch", "heads", "q_len",
+               "kv_len", "bshd", "need_lse", "kv_all_full")
 
 
 def route_names() -> List[str]:
@@ -71,12 +88,8 @@ def _forced(name: str, info: CallInfo) -> Backend:
     return backend
 
 
-def select_route(info: CallInfo) -> Backend:
-    """The backend for a call. Raises :class:`RouteError` when a forced route cannot serve, and
-    :class:`EnvError` (a ``RouteError``) when the route variables are malformed or conflict."""
-    want_triton, want_cute, named = route_request()
-    if named:
-        return _forced(named, info)
+def _legacy(info: CallInfo, want_triton: bool, want_cute: bool) -> Backend:
+    """One backend for the whole call, without the table: Triton, or the CuTe preferences."""
     triton = BACKENDS["triton"]
     if want_cute:
         reasons = []
@@ -103,17 +116,77 @@ def select_route(info: CallInfo) -> Backend:
     return triton
 
 
+def _table() -> Optional[RouteTable]:
+    try:
+        return active_route_table(BACKENDS)
+    except RouteTableError as exc:
+        _log_once(f"fastvideo_cute: {exc}; routing without the table")
+        return None
+
+
+def _direction_call(info: CallInfo, direction: str) -> CallInfo:
+    """What a backend must support to serve one direction: the forward of a training call must
+    return an LSE (for whichever backend runs the backward); the backward needs the full call."""
+    if direction == "bwd":
+        return info
+    return dataclasses.replace(info, need_grad=False, need_lse=info.need_lse or info.need_grad)
+
+
+def _from_table(table: Optional[RouteTable], info: CallInfo, direction: str) -> Optional[Backend]:
+    if table is None or info.arch is None:
+        return None
+    arch = f"sm_{info.arch[0]}{info.arch[1]}"
+    order = table.order(class_key(arch, info.block_size, direction, info.kv_all_full, info.head_dim))
+    if not order:
+        return None
+    call = _direction_call(info, direction)
+    for name in order:
+        backend = BACKENDS.get(name)
+        if backend is not None and backend.verified_on(info.arch) and backend.support(call)[0]:
+            return backend
+    return None
+
+
+def select_routes(info: CallInfo) -> Tuple[Backend, Backend]:
+    """``(forward backend, backward backend)`` for a call (the same one twice without grad, or
+    when forced or chosen without the table). Raises :class:`RouteError` when a forced route
+    cannot serve, and :class:`EnvError` (a ``RouteError``) when the route variables are malformed
+    or conflict."""
+    want_triton, want_cute, named = route_request()
+    if named:
+        backend = _forced(named, info)
+        return backend, backend
+    if not want_triton:
+        table = _table()
+        fwd = _from_table(table, info, "fwd")
+        bwd = _from_table(table, info, "bwd") if info.need_grad else fwd
+        if fwd is not None and bwd is not None:
+            return fwd, bwd
+        if fwd is not None or bwd is not None:
+            # One direction has a measured winner: the other takes the rules without the table.
+            other = _legacy(_direction_call(info, "fwd" if fwd is None else "bwd"), want_triton, want_cute)
+            return (fwd or other), (bwd or other)
+    backend = _legacy(info, want_triton, want_cute)
+    return backend, backend
+
+
+def select_route(info: CallInfo) -> Backend:
+    """The forward backend of :func:`select_routes`."""
+    return select_routes(info)[0]
+
+
 @torch._dynamo.assume_constant_result
-def _select_name_traced(*fields) -> str:
-    return select_route(CallInfo(*fields)).name
+def _select_names_traced(*fields) -> str:
+    fwd, bwd = select_routes(CallInfo(*fields))
+    return fwd.name + ROUTE_SEP + bwd.name
 
 
 def select_route_name(info: CallInfo) -> str:
-    """:func:`select_route`'s backend name; while ``torch.compile`` traces, evaluated once as a
-    constant of the graph (the selection reads the environment and logs, which Dynamo cannot trace)."""
+    """``"<forward backend>|<backward backend>"``; while ``torch.compile`` traces, evaluated once
+    as a constant of the graph (the selection reads the environment and logs, which Dynamo
+    cannot trace)."""
     if torch.compiler.is_compiling():
         # Plain fields, not the dataclass: Dynamo passes constant-result functions plain values only.
-        return _select_name_traced(info.op, info.device_type, info.arch, info.dtype, info.head_dim,
-                                   info.block_size, info.need_grad, info.batch, info.heads, info.q_len,
-                                   info.kv_len, info.bshd, info.need_lse, info.kv_all_full)
-    return select_route(info).name
+        return _select_names_traced(*[getattr(info, name) for name in CALL_FIELDS])
+    fwd, bwd = select_routes(info)
+    return fwd.name + ROUTE_SEP + bwd.name

@@ -99,3 +99,7 @@ def test_triton_refuses_grid_past_its_limit(monkeypatch):
     monkeypatch.setenv("FASTVIDEO_VSA_CUTEDSL", "1")
     with pytest.raises(RouteError, match="grid limit"):
         select_route(_with(batch=1, heads=70000))
+
+
+def test_call_fields_follow_the_dataclass():
+    assert routes.CALL_FIELDS == tuple(f.name for f in dataclasses.fields(CallInfo))
