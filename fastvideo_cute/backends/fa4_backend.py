@@ -22,7 +22,7 @@ def support(info: CallInfo) -> Tuple[bool, str]:
     if not ok:
         return False, reason
     if importlib.util.find_spec("flash_attn") is None:
-        return False, "flash-attn-4 is not installed (pip install 'fastvideo-cute' pins flash-attn-4==4.0.0b36)"
+        return False, "flash-attn-4 is not installed (pip install 'fastvideo-cute[cute]': the CuTe stack, pinned)"
     problems = fa4_version_problems()
     if problems:
         return False, "CuTe stack version mismatch: " + "; ".join(map(str, problems))

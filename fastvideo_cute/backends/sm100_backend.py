@@ -49,11 +49,11 @@ def support(info: CallInfo) -> Tuple[bool, str]:
         return False, f"q_len == kv_len only, got {info.q_len} and {info.kv_len}"
     blocks = info.q_len // _BLOCK
     if info.need_grad and blocks % 2:
-        return False, f"the backward needs an even number of 64-token blocks (seed 000), got {blocks}"
+        return False, f"the backward needs an even number of 64-token blocks (it works on 128-token pairs), got {blocks}"
     if not cute_sm100_fwd.sm100_fwd64_within_launch_limits(info.batch, info.heads, info.q_len, blocks, blocks):
         return False, "exceeds the kernels' launch limits"
     if importlib.util.find_spec("cutlass") is None:
-        return False, "the CuTe DSL (nvidia-cutlass-dsl) is not installed"
+        return False, "the CuTe DSL (nvidia-cutlass-dsl) is not installed (pip install 'fastvideo-cute[cute]')"
     return True, "ok"
 
 

@@ -48,12 +48,12 @@ def support(info: CallInfo) -> Tuple[bool, str]:
         return False, f"q_len == kv_len only, got {info.q_len} and {info.kv_len}"
     if not info.kv_all_full:
         return False, ("ragged variable_block_sizes: the kernel zeroes query rows past each block's size "
-                       "(seed 004's contract), exact for the library only when every block is full")
+                       "(the library's contract has every query row attend): exact only when every block is full")
     blocks = info.kv_len // _TILE
     if not sm120_within_launch_limits(info.batch, info.heads, info.q_len, blocks, blocks):
         return False, "exceeds the kernel's launch limits (grid y, int32 TMA rows or list offsets)"
     if importlib.util.find_spec("cutlass") is None:
-        return False, "the CuTe DSL (nvidia-cutlass-dsl) is not installed"
+        return False, "the CuTe DSL (nvidia-cutlass-dsl) is not installed (pip install 'fastvideo-cute[cute]')"
     return True, "ok"
 
 
