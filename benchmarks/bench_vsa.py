@@ -27,7 +27,7 @@ Examples (GPU box):
   python benchmarks/bench_vsa.py --seqlens 32768 65536 --block-size 64 128 256 --sparsity 0.875 \
       --routes triton cute --peers sdpa-flash sdpa-cudnn flex fa4-dense fa4-bsparse --modes fwd bwd \
       --name h200_vsa --plot benchmarks/results/h200_vsa.png
-  python benchmarks/bench_vsa.py --replot benchmarks/results/h200_vsa.json --plot out.png   # CPU is fine
+  python benchmarks/bench_vsa.py --replot benchmarks/results/h200_vsa.json --plot out.png   # CPU is fine (.[bench])
 """
 
 from __future__ import annotations
@@ -91,11 +91,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--name", default=None, help="result name (default: vsa_<gpu>_<time>)")
     p.add_argument("--out", default=None, help="JSON path (default: benchmarks/results/<name>.json)")
-    p.add_argument("--plot", default=None, help="PNG path for an effective-TF/s chart (needs matplotlib)")
+    p.add_argument("--plot", default=None,
+                   help="PNG path for an effective-TF/s chart (needs matplotlib: install .[bench])")
     p.add_argument("--smoke", action="store_true",
                    help="tiny shapes and short timing, for a quick end-to-end check")
     p.add_argument("--replot", default=None, metavar="JSON",
-                   help="no benchmark: redraw --plot from an existing results JSON (works on CPU)")
+                   help="no benchmark: redraw --plot from an existing results JSON (works on CPU; needs "
+                        "matplotlib: install .[bench])")
     return p
 
 
@@ -243,29 +245,76 @@ def write_json(payload: dict, path) -> Path:
     return path
 
 
+# One colour per entry (route, sm120 variant or peer), the same in every panel and every chart:
+# a fixed table, so a panel missing an entry does not shift the others' colours.
+ENTRY_COLOURS = {
+    # library routes
+    "triton": "#1f77b4",
+    "cute": "#d62728",
+    "sm120": "#2ca02c",  # the sm120 route's "simple" variant
+    # the sm120 route's other kernel variants (--sm120-variants)
+    "sm120[simple_split]": "#98df8a",
+    "sm120[w4]": "#9edae5",
+    "sm120[w4i]": "#ff9896",
+    "sm120[w4i_nophase]": "#c5b0d5",
+    "sm120[w4i_split]": "#c49c94",
+    "sm120[w4r]": "#bcbd22",
+    "sm120[w4r_nophase]": "#dbdb8d",
+    "sm120[w4r2]": "#ffbb78",
+    "sm120[w4r3]": "#17becf",
+    "sm120[ws]": "#f7b6d2",
+    # peers
+    "sdpa-flash": "#7f7f7f",
+    "sdpa-cudnn": "#8c564b",
+    "flex": "#9467bd",
+    "fa4-dense": "#ff7f0e",
+    "fa4-bsparse": "#e377c2",
+}
+# Entries the table does not name (a new variant or peer): a colour picked by a stable hash of the name.
+_SPARE_COLOURS = ("#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173", "#3182bd", "#e6550d", "#31a354")
+BENCH_INSTALL_HINT = "install .[bench] (pip install 'fastvideo-cute[bench]')"
+
+
+def entry_colour(name: str) -> str:
+    """The fixed colour of an entry (its record's ``name``), whichever panel or chart it is in."""
+    import zlib
+
+    return ENTRY_COLOURS.get(name) or _SPARE_COLOURS[zlib.crc32(name.encode()) % len(_SPARE_COLOURS)]
+
+
 def _label(r: dict) -> str:
+    """The legend label: the entry's name, plus the backend that served a route when it is not
+    the one the name says (``cute->fa4``, ``cute->triton``; ``sm120[w4r3]`` stays as it is)."""
     name = r["name"]
-    if r["kind"] == "route" and r.get("served_by") and r["served_by"] != name:
-        name = f"{name}->{r['served_by']}"
+    served = r.get("served_by")
+    if r["kind"] == "route" and served and served != name.split("[")[0]:
+        name = f"{name}->{served}"
     return name
 
 
-def plot_results(payload: dict, path) -> Optional[Path]:
-    """Grouped bars: effective TF/s by entry (routes and peers) and sparsity; one panel per
-    (mode, seqlen, block size). Returns the path, or None without matplotlib."""
+def _import_pyplot():
+    """``matplotlib.pyplot`` on the Agg backend, or None when matplotlib is not installed."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        print("[plot] matplotlib is not installed; skipping the chart (redraw later with --replot)")
         return None
+    return plt
+
+
+def _panels(rows: List[dict]) -> List[tuple]:
+    return sorted({(r["mode"], r["seqlen"], r["block_size"]) for r in rows},
+                  key=lambda p: (MODES.index(p[0]) if p[0] in MODES else 9, p[1], p[2]))
+
+
+def build_figure(payload: dict, plt):
+    """Grouped bars: effective TF/s by entry (routes and peers) and sparsity; one panel per
+    (mode, seqlen, block size); each entry in its :func:`entry_colour`. None if nothing succeeded."""
     rows = [r for r in payload["results"] if r["status"] == "ok" and r.get("effective_tflops")]
-    panels = sorted({(r["mode"], r["seqlen"], r["block_size"]) for r in rows},
-                    key=lambda p: (MODES.index(p[0]) if p[0] in MODES else 9, p[1], p[2]))
+    panels = _panels(rows)
     if not panels:
-        print("[plot] no successful entries to plot")
         return None
     ncols = min(3, len(panels))
     nrows = math.ceil(len(panels) / ncols)
@@ -273,10 +322,10 @@ def plot_results(payload: dict, path) -> Optional[Path]:
     for ax, (mode, seqlen, block) in zip(axes.flat, panels):
         sel = [r for r in rows if (r["mode"], r["seqlen"], r["block_size"]) == (mode, seqlen, block)]
         sparsities = sorted({r["sparsity"] for r in sel})
-        labels = []
+        entry = {}  # label -> entry name, in first-seen order
         for r in sel:
-            if _label(r) not in labels:
-                labels.append(_label(r))
+            entry.setdefault(_label(r), r["name"])
+        labels = list(entry)
         width = 0.8 / max(1, len(labels))
         for i, lab in enumerate(labels):
             ys = []
@@ -284,16 +333,17 @@ def plot_results(payload: dict, path) -> Optional[Path]:
                 hit = [r["effective_tflops"] for r in sel if _label(r) == lab and r["sparsity"] == s]
                 ys.append(hit[0] if hit else 0.0)
             xs = [j + (i - (len(labels) - 1) / 2) * width for j in range(len(sparsities))]
-            bars = ax.bar(xs, ys, width, label=lab)
+            bars = ax.bar(xs, ys, width, label=lab, color=entry_colour(entry[lab]))
             for bar, y in zip(bars, ys):
                 if y:
                     ax.annotate(f"{y:.0f}", (bar.get_x() + bar.get_width() / 2, y), ha="center", va="bottom",
                                 fontsize=7)
         # A dense peer's bar is its effective TF/s (the sparse work over its time); its own
-        # throughput (the dense work over its time, the kernel-efficiency yardstick) is a line.
+        # throughput (the dense work over its time, the kernel-efficiency yardstick) is a dashed
+        # line in the entry's colour.
         for r in sel:
             if r.get("dense") and r.get("tflops"):
-                ax.axhline(r["tflops"], ls="--", lw=0.8, color="0.4")
+                ax.axhline(r["tflops"], ls="--", lw=0.8, color=entry_colour(r["name"]))
                 ax.annotate(f"{_label(r)} own TF/s {r['tflops']:.0f}", (ax.get_xlim()[1], r["tflops"]),
                             fontsize=7, va="top", ha="right", color="0.3")
         ax.set_xticks(range(len(sparsities)))
@@ -310,11 +360,43 @@ def plot_results(payload: dict, path) -> Optional[Path]:
     fig.suptitle(f"{env.get('gpu', '?')}  B={cfg.get('batch')} H={cfg.get('heads')} D={cfg.get('head_dim')} "
                  f"{cfg.get('dtype')}  commit {str(env.get('git_commit'))[:10]}", fontsize=10)
     fig.tight_layout()
+    return fig
+
+
+def plot_results(payload: dict, path) -> Optional[Path]:
+    """Draw :func:`build_figure` into the PNG ``path``. Returns the path, or None (with the
+    reason printed) without matplotlib or without a successful entry."""
+    plt = _import_pyplot()
+    if plt is None:
+        print(f"[plot] matplotlib is not installed; skipping the chart ({BENCH_INSTALL_HINT}, "
+              "then redraw it with --replot)")
+        return None
+    fig = build_figure(payload, plt)
+    if fig is None:
+        print("[plot] no successful entries to plot")
+        return None
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def replot(json_path, png_path) -> int:
+    """``--replot``: redraw a chart from a results JSON. Fails (exit status 1, message on stderr)
+    without matplotlib, for an unreadable JSON, or when no entry succeeded."""
+    if _import_pyplot() is None:
+        raise SystemExit(f"bench_vsa.py --replot: matplotlib is not installed: {BENCH_INSTALL_HINT}")
+    try:
+        payload = json.loads(Path(json_path).read_text())
+        payload["results"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise SystemExit(f"bench_vsa.py --replot: cannot read results from {json_path}: {type(e).__name__}: {e}")
+    out = plot_results(payload, png_path)
+    if out is None:
+        raise SystemExit(f"bench_vsa.py --replot: no successful entries in {json_path}; no chart written")
+    print(f"plot: {out}")
+    return 0
 
 
 def print_table(results: List[dict]) -> None:
@@ -676,10 +758,7 @@ def run_benchmark(args) -> dict:
 def main(argv: Optional[Iterable[str]] = None) -> int:
     args = parse_args(list(argv) if argv is not None else None)
     if args.replot:
-        payload = json.loads(Path(args.replot).read_text())
-        out = plot_results(payload, args.plot)
-        print(f"plot: {out}")
-        return 0
+        return replot(args.replot, args.plot)
     payload = run_benchmark(args)
     out = Path(args.out) if args.out else REPO / "benchmarks" / "results" / f"{payload['name']}.json"
     write_json(payload, out)

@@ -111,7 +111,8 @@ def check_list_forward(q, k, v, q2k_idx, q2k_num, kv_block_sizes, *, head_dim: i
     if device_arch(q.device, capabilities) is None:
         return False, f"needs {arch_hint}, got compute capability {torch.cuda.get_device_capability(q.device)}"
     if not cute_dsl_importable():
-        return False, "the CuTe DSL (nvidia-cutlass-dsl, cuda-bindings) is not installed"
+        return False, ("the CuTe DSL (nvidia-cutlass-dsl, cuda-bindings) is not installed "
+                       "(pip install 'fastvideo-cute[cute]')")
     ok, reason = check_block_lists(q, "q2k_idx", q2k_idx, "q2k_num", q2k_num, kv_block_sizes, block)
     if not ok:
         return False, reason

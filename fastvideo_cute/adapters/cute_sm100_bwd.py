@@ -99,7 +99,7 @@ def _check_meta(q, lse, k2q_idx, k2q_num, kv_block_sizes) -> Tuple[bool, str]:
         return False, f"kv_block_sizes must be [nb], got {getattr(kv_block_sizes, 'shape', None)}"
     nb = kv_block_sizes.numel()
     if nb < 1 or nb % 2 != 0:
-        return False, f"the number of kv blocks must be even and >= 2 (seed 000's preprocess), got {nb}"
+        return False, f"the number of kv blocks must be even and >= 2 (the preprocess works on 128-token pairs), got {nb}"
     ok, reason = check_block_lists(q, "k2q_idx", k2q_idx, "k2q_num", k2q_num, kv_block_sizes, BLOCK, min_width=1)
     if not ok:
         return False, reason
@@ -121,7 +121,8 @@ def sm100_bwd64_support(q, k, v, out, dout, lse, k2q_idx, k2q_num, kv_block_size
     if not ok:
         return ok, reason
     if not cute_dsl_importable():
-        return False, "the CuTe DSL (nvidia-cutlass-dsl, cuda-bindings) is not installed"
+        return False, ("the CuTe DSL (nvidia-cutlass-dsl, cuda-bindings) is not installed "
+                       "(pip install 'fastvideo-cute[cute]')")
     if not main_kernel_available(MAIN_CAPABILITIES[cap]):
         return False, "the tcgen05 main kernel (block_sparse_bwd64_sm100) is not available yet"
     return True, ""
@@ -137,7 +138,8 @@ def sm100_bwd64_common_support(out, dout, lse, k2q_num, kv_block_sizes) -> Tuple
     if cap not in COMMON_CAPABILITIES:
         return False, f"needs compute capability 9.0, 10.0 or 10.3, got {cap}"
     if not cute_dsl_importable():
-        return False, "the CuTe DSL (nvidia-cutlass-dsl, cuda-bindings) is not installed"
+        return False, ("the CuTe DSL (nvidia-cutlass-dsl, cuda-bindings) is not installed "
+                       "(pip install 'fastvideo-cute[cute]')")
     return _check_meta(out, lse, None, k2q_num, kv_block_sizes)
 
 

@@ -38,8 +38,8 @@ FA4_JIT_SYMPTOMS = (
 _ALLOW_MISMATCH_ENV = "FASTVIDEO_CUTE_FA4_ALLOW_VERSION_MISMATCH"
 
 _INSTALL_HINT = (
-    "pip install 'flash-attn-4==4.0.0b36' 'nvidia-cutlass-dsl==4.8.1' 'quack-kernels==0.6.5' "
-    "(CUDA 13 wheels: 'nvidia-cutlass-dsl[cu13]==4.8.1'; extra 'fastvideo-cute[cu13]')"
+    "pip install 'fastvideo-cute[cute]' (CUDA 13 wheels: 'fastvideo-cute[cu13]'), i.e. exactly "
+    "pip install 'flash-attn-4==4.0.0b36' 'nvidia-cutlass-dsl==4.8.1' 'quack-kernels==0.6.5'"
 )
 
 
@@ -71,7 +71,7 @@ def fa4_version_problems() -> list:
 
 
 def _import_error_message(problems: list, cause: Optional[BaseException]) -> str:
-    lines = ["The FA4 (CuTe DSL) route of fastvideo-cute needs exactly: "
+    lines = ["The FA4 (CuTe DSL) route of fastvideo-cute needs its 'cute' extra, exactly: "
              + ", ".join(f"{n}=={v}" for n, v in FA4_PINS.items()) + "."]
     if problems:
         lines.append("Mismatched: " + "; ".join(problems) + ".")

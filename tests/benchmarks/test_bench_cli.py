@@ -1,5 +1,6 @@
 """benchmarks/bench_vsa.py on CPU: argument parsing, FLOP accounting, JSON and chart writers
-(synthetic timings; nothing is benchmarked here)."""
+(synthetic timings; nothing is benchmarked here). CI installs .[bench], so the chart tests run
+there; without matplotlib they skip, and --replot must fail with the install hint."""
 
 import os
 import importlib.util
@@ -148,3 +149,109 @@ def test_env_context_sets_clears_and_restores(bench, monkeypatch):
     with bench._route_env("cute"):
         assert os.environ["FASTVIDEO_VSA_CUTEDSL"] == "1" and "FASTVIDEO_VSA_TRITON" not in os.environ
     assert os.environ["FASTVIDEO_VSA_TRITON"] == "1" and "FASTVIDEO_VSA_CUTEDSL" not in os.environ
+
+
+def _no_matplotlib(monkeypatch):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_mpl(name, *a, **k):
+        if name.startswith("matplotlib"):
+            raise ImportError("no matplotlib")
+        return real_import(name, *a, **k)
+
+    monkeypatch.setattr(builtins, "__import__", no_mpl)
+
+
+def test_replot_without_matplotlib_fails_with_the_install_hint(bench, tmp_path, monkeypatch):
+    js = bench.write_json(_synthetic_payload(bench), tmp_path / "r.json")
+    _no_matplotlib(monkeypatch)
+    with pytest.raises(SystemExit) as e:
+        bench.main(["--replot", str(js), "--plot", str(tmp_path / "q.png")])
+    assert isinstance(e.value.code, str) and "install .[bench]" in e.value.code  # str code: exit status 1
+    assert not (tmp_path / "q.png").exists()
+
+
+def test_replot_cli_without_matplotlib_exits_nonzero(tmp_path):
+    js = tmp_path / "r.json"
+    js.write_text(json.dumps({"results": []}))
+    # sys.modules[name] = None makes "import matplotlib" raise ImportError, as if not installed.
+    code = ("import runpy, sys; sys.modules['matplotlib'] = None; "
+            f"sys.argv = ['bench_vsa.py', '--replot', {str(js)!r}, '--plot', {str(tmp_path / 'q.png')!r}]; "
+            f"runpy.run_path({str(SCRIPT)!r}, run_name='__main__')")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1, (r.returncode, r.stderr)
+    assert "install .[bench]" in r.stderr and "pip install 'fastvideo-cute[bench]'" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_replot_unreadable_or_empty_results_fail(bench, tmp_path):
+    pytest.importorskip("matplotlib")
+    with pytest.raises(SystemExit, match="cannot read results"):
+        bench.main(["--replot", str(tmp_path / "missing.json"), "--plot", str(tmp_path / "q.png")])
+    empty = tmp_path / "empty.json"
+    empty.write_text(json.dumps({"results": []}))
+    with pytest.raises(SystemExit, match="no successful entries"):
+        bench.main(["--replot", str(empty), "--plot", str(tmp_path / "q.png")])
+
+
+def test_entry_colours_are_a_fixed_distinct_mapping(bench):
+    from fastvideo_cute.adapters.cute_sm120 import VARIANTS
+
+    names = list(bench.ROUTES) + list(bench.PEERS) + [f"sm120[{v}]" for v in VARIANTS if v != "simple"]
+    for name in names:
+        assert bench.entry_colour(name) == bench.ENTRY_COLOURS[name], name  # every entry has its own row
+    colours = [bench.entry_colour(n) for n in names]
+    assert len(set(c.lower() for c in colours)) == len(colours), "two entries share a colour"
+    # An entry the table lacks gets a colour that depends on its name only.
+    assert bench.entry_colour("sm120[new_variant]") == bench.entry_colour("sm120[new_variant]")
+    assert bench.entry_colour("sm120[new_variant]") in bench._SPARE_COLOURS
+
+
+def _uneven_payload(bench):
+    """The synthetic payload with the triton route failed at 256-token blocks, so the 256 panels
+    have one entry fewer and a per-panel colour cycle would shift every later entry's colour."""
+    payload = _synthetic_payload(bench)
+    for r in payload["results"]:
+        if r["name"] == "triton" and r["block_size"] == 256:
+            r.update(status="error", reason="synthetic failure", ms=None, effective_tflops=None, tflops=None)
+    return payload
+
+
+def _rgb(colour):
+    from matplotlib.colors import to_rgb
+
+    return tuple(round(255 * c) for c in to_rgb(colour))
+
+
+def test_chart_gives_each_entry_one_colour_in_every_panel(bench, tmp_path):
+    pytest.importorskip("matplotlib")
+    plt = bench._import_pyplot()
+    payload = _uneven_payload(bench)
+    fig = bench.build_figure(payload, plt)
+    seen = {}  # entry -> set of bar colours over all panels
+    panels_with = {}
+    for ax in fig.axes:
+        for bars in ax.containers:
+            name = bars.get_label().split("->")[0]
+            panels_with[name] = panels_with.get(name, 0) + 1
+            seen.setdefault(name, set()).update(_rgb(b.get_facecolor()[:3]) for b in bars.patches)
+        for line in ax.get_lines():  # the dense peer's own-TF/s line: the peer's colour
+            assert _rgb(line.get_color()) == _rgb(bench.entry_colour("sdpa-flash"))
+    plt.close(fig)
+    assert panels_with["cute"] == 4 and panels_with["triton"] == 2  # 2 modes x 2 block sizes; triton only at 128
+    assert set(seen) == {"triton", "cute", "sdpa-flash", "fa4-bsparse"}
+    for name, colours in seen.items():
+        assert colours == {_rgb(bench.entry_colour(name))}, (name, colours)
+
+    # The same through the CLI: a PNG redrawn from the results JSON holds every entry's colour.
+    js = bench.write_json(payload, tmp_path / "r.json")
+    png = tmp_path / "chart.png"
+    assert bench.main(["--replot", str(js), "--plot", str(png)]) == 0
+    import matplotlib.image
+
+    pixels = (matplotlib.image.imread(str(png))[..., :3] * 255).round().astype(int).reshape(-1, 3)
+    present = set(map(tuple, pixels.tolist()))
+    for name in seen:
+        assert _rgb(bench.entry_colour(name)) in present, name

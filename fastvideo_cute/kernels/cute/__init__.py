@@ -65,7 +65,7 @@ _FWD128_NOTES = {
     "w4r2": "w4r with the walk read 32 entries at a time, one per lane (a shuffle per chunk, no list reads)",
     "w4r3": "w4r2 with each K load issued after the softmax (its slot is then most likely free)",
     "simple_split": "simple with a branch-free P V for full chunks",
-    "ws": "seed 004's QK and PV warp groups (8 + 8 warps) overlapping through shared memory",
+    "ws": "two warp groups, QK (S, softmax, P) and PV (8 + 8 warps), overlapping through shared memory",
 }
 
 
