@@ -92,50 +92,31 @@ def parse_args(argv=None, cuda: bool = False) -> argparse.Namespace:
     return a
 
 
-def _env_on(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
-
-
 def _why(route, info) -> str:
-    """Why ``route`` serves ``info``: which variable decided, or the default."""
-    forced = os.environ.get("FASTVIDEO_VSA_BACKEND", "").strip()
-    if forced:
-        return f"forced by FASTVIDEO_VSA_BACKEND={forced}"
-    if _env_on("FASTVIDEO_VSA_TRITON"):
-        return "forced by FASTVIDEO_VSA_TRITON=1"
-    if not _env_on("FASTVIDEO_VSA_CUTEDSL"):
-        return "the default route; the CuTe route is opt-in with FASTVIDEO_VSA_CUTEDSL=1"
-    if route.family == "cute":
-        return f"FASTVIDEO_VSA_CUTEDSL=1 and the {route.name} backend serves this call"
-    return "FASTVIDEO_VSA_CUTEDSL=1, but no CuTe backend serves this call, so Triton: " + _cute_refusals(info)
+    """Why ``route`` serves ``info``: which variable decided, the route table, or the default."""
+    from .env import BACKEND_VAR, CUTE_FLAG, TRITON_FLAG, env_flag, env_str
+
+    if env_str(BACKEND_VAR):
+        return f"forced by {BACKEND_VAR}={env_str(BACKEND_VAR)}"
+    if env_flag(TRITON_FLAG):
+        return f"forced by {TRITON_FLAG}=1"
+    if route.name != "triton":
+        return f"the {route.name} backend serves this call (measured route table or {CUTE_FLAG}=1)"
+    if not env_flag(CUTE_FLAG):
+        return f"the default route for this call; the CuTe route is opt-in with {CUTE_FLAG}=1"
+    return f"{CUTE_FLAG}=1, but no CuTe backend serves this call, so Triton: " + _cute_refusals(info)
 
 
 def _cute_refusals(info) -> str:
-    """Each CuTe backend's reason for refusing ``info``, asked through the public selector with
-    that backend named (the route variables are restored afterwards)."""
-    from .routes import route_names, select_route
+    """Each other backend's answer for ``info``, from its own support predicate."""
+    from .backends import BACKENDS
 
-    keys = ("FASTVIDEO_VSA_BACKEND", "FASTVIDEO_VSA_TRITON", "FASTVIDEO_VSA_CUTEDSL")
-    saved = {k: os.environ.get(k) for k in keys}
     reasons = []
-    try:
-        for name in route_names():
-            if name == "triton":
-                continue
-            for k in keys:
-                os.environ.pop(k, None)
-            os.environ["FASTVIDEO_VSA_BACKEND"] = name
-            try:
-                select_route(info)
-                reasons.append(f"{name}: only when named (FASTVIDEO_VSA_BACKEND={name})")
-            except Exception as e:  # RouteError with the reason, or the import failure itself
-                reasons.append(f"{name}: {str(e).split(': ', 1)[-1]}")
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    for name, backend in sorted(BACKENDS.items()):
+        if name == "triton":
+            continue
+        ok, reason = backend.support(info)
+        reasons.append(f"{name}: {'only when named (FASTVIDEO_VSA_BACKEND=' + name + ')' if ok else reason}")
     return "; ".join(reasons)
 
 

@@ -103,7 +103,7 @@ def _info():
 
 
 @pytest.mark.parametrize("env, expected", [
-    ({}, "the default route; the CuTe route is opt-in with FASTVIDEO_VSA_CUTEDSL=1"),
+    ({}, "the default route for this call; the CuTe route is opt-in with FASTVIDEO_VSA_CUTEDSL=1"),
     ({"FASTVIDEO_VSA_TRITON": "1"}, "forced by FASTVIDEO_VSA_TRITON=1"),
     ({"FASTVIDEO_VSA_BACKEND": "triton"}, "forced by FASTVIDEO_VSA_BACKEND=triton"),
 ])
