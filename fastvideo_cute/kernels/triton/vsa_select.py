@@ -35,7 +35,7 @@ import triton.language as tl
 
 from .vsa_common import LOG2E, dtype_name, pow2_lanes
 
-__all__ = ["vsa_select_fwd", "MAX_KV_BLOCKS", "coarse_tiles"]
+__all__ = ["vsa_select_fwd", "vsa_topk", "MAX_KV_BLOCKS", "coarse_tiles"]
 
 # Widest score row the top-k kernel keeps in one block (8 warps x 32 lanes x 64 keys).
 MAX_KV_BLOCKS = 16384
@@ -194,10 +194,29 @@ def vsa_select_fwd(qc, kc, vc, kv_sizes, out, out32, lse, q2k_idx, q2k_num, scor
         WRITE_SCORES=not take_all, WRITE_OUT32=out32 is not None,
         num_warps=warps,
     )
+    _launch_topk(scores if not take_all else lse, q2k_idx, q2k_num, B * H * Qb, KVb, k_eff)
+
+
+def _launch_topk(scores, q2k_idx, q2k_num, rows, KVb, k_eff) -> None:
     lanes = pow2_lanes(KVb, 16)
-    _vsa_topk_kernel[(B * H * Qb,)](
-        scores if not take_all else lse, q2k_idx, q2k_num,
+    _vsa_topk_kernel[(rows,)](
+        scores, q2k_idx, q2k_num,
         KVb, k_eff,
-        BLOCK_KV=lanes, TAKE_ALL=take_all,
+        BLOCK_KV=lanes, TAKE_ALL=k_eff == KVb,
         num_warps=_topk_warps(lanes),
     )
+
+
+def vsa_topk(scores, q2k_idx, q2k_num, *, topk: int) -> None:
+    """The top-k kernel alone, on a given fp32 contiguous ``scores [..., R, C]``: ``q2k_idx
+    [..., R, min(topk, C)]`` (ascending) and ``q2k_num [..., R]`` (int32, contiguous)."""
+    C = scores.shape[-1]
+    k_eff = min(int(topk), C)
+    assert k_eff >= 1 and C <= MAX_KV_BLOCKS, f"topk {topk} / {C} columns out of range"
+    assert dtype_name(scores) == "float32" and scores.is_contiguous(), "scores must be fp32 contiguous"
+    lead = tuple(scores.shape[:-1])
+    assert dtype_name(q2k_idx) == "int32" and q2k_idx.is_contiguous() and tuple(q2k_idx.shape) == lead + (k_eff,)
+    assert dtype_name(q2k_num) == "int32" and q2k_num.is_contiguous() and tuple(q2k_num.shape) == lead
+    rows = q2k_num.numel()
+    if rows:
+        _launch_topk(scores, q2k_idx, q2k_num, rows, C, k_eff)
