@@ -50,6 +50,10 @@ __all__ = ["vsa_compress", "vsa_compress_backward_", "vsa_select", "vsa_gate"]
 _KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _IN_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _HAS_TRITON: Optional[bool] = None
+# tl.dot input_precision of the coarse attention kernels, forward and backward alike:
+# "ieee" is plain fp32, the contract; "tf32x3" (tensor cores, ~fp32 accuracy) is the alternative
+# to measure (kernels/triton/vsa_select.py: COARSE_PRECISIONS).
+_COARSE_PRECISION = "ieee"
 
 
 # ---------------------------------------------------------------- path choice
@@ -318,7 +322,8 @@ def _select(qc: Tensor, kc: Tensor, vc: Tensor, kv_sizes: Tensor, topk: int, sm_
             scores = torch.empty((b, h, qb, kvb), dtype=torch.float32, device=dev) if k < kvb else None
             with _on(qc):
                 vsa_select_fwd(qc.contiguous(), kc.contiguous(), vc.contiguous(), kv_sizes, out,
-                               out_acc if keep_acc else None, lse, idx, num, scores, topk=topk, sm_scale=sm_scale)
+                               out_acc if keep_acc else None, lse, idx, num, scores, topk=topk, sm_scale=sm_scale,
+                               precision=_COARSE_PRECISION)
             return out, out_acc, lse, idx, num
     out_acc, lse, idx, num = _select_torch(qc, kc, vc, kv_sizes, topk, sm_scale, out_dtype)
     out = out_acc.to(out_dtype)
@@ -344,7 +349,8 @@ def _select_bwd(dout: Tensor, qc: Tensor, kc: Tensor, vc: Tensor, kv_sizes: Tens
         dqc, dkc, dvc = torch.empty_like(qc), torch.empty_like(kc), torch.empty_like(vc)
         with _on(qc):
             vsa_coarse_bwd(qc.contiguous(), kc.contiguous(), vc.contiguous(), kv_sizes, dout.contiguous(),
-                           out_acc.contiguous(), lse.contiguous(), dqc, dkc, dvc, sm_scale=sm_scale)
+                           out_acc.contiguous(), lse.contiguous(), dqc, dkc, dvc, sm_scale=sm_scale,
+                           precision=_COARSE_PRECISION)
         return dqc, dkc, dvc
     dqc, dkc, dvc = _select_bwd_torch(dout, qc, kc, vc, kv_sizes, out_acc, lse, sm_scale)
     return dqc.contiguous(), dkc.contiguous(), dvc.contiguous()

@@ -345,6 +345,29 @@ def test_fused_chain_is_deterministic():
     assert all(torch.equal(x, y) for x, y in zip(a, b))
 
 
+def test_vsa_ops_import_is_light_and_glue_kernels_import_no_torch():
+    """Importing vsa_ops loads no kernel module (they load on first use), and the glue kernel
+    modules do not import torch (the project's layering rule), checked on their source."""
+    import ast
+    import json
+    import pathlib
+    import subprocess
+    import sys
+
+    code = "import json, sys, fastvideo_cute.vsa_ops; print(json.dumps(sorted(sys.modules)))"
+    mods = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                                     timeout=120).stdout.strip().splitlines()[-1])
+    assert not [m for m in mods if m.startswith("fastvideo_cute.kernels")]
+    kernel_dir = pathlib.Path(vsa_ops.__file__).parent / "kernels" / "triton"
+    files = sorted(kernel_dir.glob("vsa_*.py"))
+    assert len(files) >= 4
+    for f in files:
+        for node in ast.walk(ast.parse(f.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            assert not any(n == "torch" or n.startswith("torch.") for n in names), f"{f.name} imports torch"
+
+
 # ---------------------------------------------------------------- bad inputs
 
 @pytest.mark.parametrize("case,exc,match", [

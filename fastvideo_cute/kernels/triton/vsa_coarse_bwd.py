@@ -16,7 +16,7 @@ One kernel, two kinds of programs in one grid ``(cdiv(Qb, BLOCK_Q) + cdiv(KVb, B
   preprocess launch).
 
 Every output element is written by one program, summed in a fixed order: deterministic, no
-atomics. fp32 throughout (``tl.dot(..., input_precision="ieee")``). Outputs are fp32 contiguous
+atomics. fp32 throughout (``tl.dot(..., input_precision="ieee")`` by default). Outputs are fp32 contiguous
 ``[B, H, n, D]``, written into caller-allocated tensors on the current CUDA device. This module
 does not import torch.
 """
@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 from .vsa_common import dtype_name
-from .vsa_select import coarse_tiles
+from .vsa_select import COARSE_PRECISIONS, coarse_tiles
 
 __all__ = ["vsa_coarse_bwd"]
 
@@ -57,6 +57,7 @@ def _vsa_coarse_bwd_kernel(
     BLOCK_Q: tl.constexpr,
     BLOCK_KV: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
     pid = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
@@ -75,12 +76,12 @@ def _vsa_coarse_bwd_kernel(
             kmask = cmask[:, None] & dmask[None, :]
             kc = tl.load(KC + kv_base + tile, mask=kmask, other=0.0)
             vc = tl.load(VC + kv_base + tile, mask=kmask, other=0.0)
-            s = tl.dot(qc, tl.trans(kc), input_precision="ieee") * sm_scale
+            s = tl.dot(qc, tl.trans(kc), input_precision=PRECISION) * sm_scale
             p = tl.math.exp2(s * 1.4426950408889634 - lse2[:, None])
             p = tl.where(present[None, :], p, 0.0)
-            dp = tl.dot(do, tl.trans(vc), input_precision="ieee")
+            dp = tl.dot(do, tl.trans(vc), input_precision=PRECISION)
             ds = p * (dp - delta[:, None])
-            dq = tl.dot(ds, kc, dq, input_precision="ieee")
+            dq = tl.dot(ds, kc, dq, input_precision=PRECISION)
         tl.store(DQC + q_rows[:, None] * D + offs_d[None, :], dq * sm_scale, mask=rmask[:, None] & dmask[None, :])
     else:
         cols = (pid - NQT) * BLOCK_KV + tl.arange(0, BLOCK_KV)
@@ -94,21 +95,24 @@ def _vsa_coarse_bwd_kernel(
         dv = tl.zeros([BLOCK_KV, BLOCK_D], dtype=tl.float32)
         for r0 in range(0, Qb, BLOCK_Q):
             qc, do, delta, lse2, rmask, q_rows = _q_tile(QC, DO, O, LSE, bh, r0, Qb, D, offs_d, dmask, BLOCK_Q)
-            s = tl.dot(qc, tl.trans(kc), input_precision="ieee") * sm_scale
+            s = tl.dot(qc, tl.trans(kc), input_precision=PRECISION) * sm_scale
             p = tl.math.exp2(s * 1.4426950408889634 - lse2[:, None])
             p = tl.where(rmask[:, None] & present[None, :], p, 0.0)
-            dv = tl.dot(tl.trans(p), do, dv, input_precision="ieee")
-            dp = tl.dot(do, tl.trans(vc), input_precision="ieee")
+            dv = tl.dot(tl.trans(p), do, dv, input_precision=PRECISION)
+            dp = tl.dot(do, tl.trans(vc), input_precision=PRECISION)
             ds = p * (dp - delta[:, None])
-            dk = tl.dot(tl.trans(ds), qc, dk, input_precision="ieee")
+            dk = tl.dot(tl.trans(ds), qc, dk, input_precision=PRECISION)
         tl.store(DKC + kv_base + tile, dk * sm_scale, mask=kmask)
         tl.store(DVC + kv_base + tile, dv, mask=kmask)
 
 
-def vsa_coarse_bwd(qc, kc, vc, kv_sizes, dout, out32, lse, dqc, dkc, dvc, *, sm_scale: float) -> None:
+def vsa_coarse_bwd(qc, kc, vc, kv_sizes, dout, out32, lse, dqc, dkc, dvc, *, sm_scale: float,
+                   precision: str = "ieee") -> None:
     """Gradients of the coarse attention into caller-allocated fp32 ``dqc``/``dkc``/``dvc``
     (contiguous, the shapes of ``qc``/``kc``/``vc``). ``dout``: contiguous ``[B,H,Qb,D]``, any float
-    dtype; ``out32``: the forward's fp32 ``out_c``; ``lse``: its fp32 ``[B,H,Qb]`` natural-log LSE."""
+    dtype; ``out32``: the forward's fp32 ``out_c``; ``lse``: its fp32 ``[B,H,Qb]`` natural-log LSE.
+    ``precision``: one of ``vsa_select.COARSE_PRECISIONS`` (the forward's, to recompute its P)."""
+    assert precision in COARSE_PRECISIONS, f"precision {precision!r}"
     B, H, Qb, D = qc.shape
     KVb = kc.shape[2]
     for name, x, shape in (("qc", qc, (B, H, Qb, D)), ("kc", kc, (B, H, KVb, D)), ("vc", vc, (B, H, KVb, D)),
@@ -124,6 +128,6 @@ def vsa_coarse_bwd(qc, kc, vc, kv_sizes, dout, out32, lse, dqc, dkc, dvc, *, sm_
         qc, kc, vc, kv_sizes, dout, out32, lse, dqc, dkc, dvc,
         Qb, KVb, D, nqt,
         float(sm_scale),
-        BLOCK_Q=block_q, BLOCK_KV=block_kv, BLOCK_D=block_d,
+        BLOCK_Q=block_q, BLOCK_KV=block_kv, BLOCK_D=block_d, PRECISION=precision,
         num_warps=warps,
     )

@@ -8,9 +8,7 @@ from typing import Optional, Tuple
 
 import triton
 
-LOG2E = 1.4426950408889634
-
-__all__ = ["LOG2E", "dtype_name", "check_bhsd", "token_tile", "pow2_lanes"]
+__all__ = ["dtype_name", "check_bhsd", "token_tile", "pow2_lanes"]
 
 
 def dtype_name(x) -> str:

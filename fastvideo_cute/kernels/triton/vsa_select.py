@@ -5,8 +5,8 @@ Two launches (when ``topk >= KVb`` the first writes no scores and the second onl
 
 1. ``_vsa_coarse_fwd_kernel``, grid ``(cdiv(Qb, BLOCK_Q), B * H)``: a ``BLOCK_Q``-row tile of
    ``qc`` walks all kv blocks in ``BLOCK_KV`` chunks, FlashAttention-style:
-   ``s = (qc @ kc^T) * sm_scale`` (fp32, ``input_precision="ieee"``), ``-inf`` for kv blocks of size
-   0; the tile of ``s`` is stored to the ``scores`` scratch ``[B, H, Qb, KVb]`` fp32 (only when a
+   ``s = (qc @ kc^T) * sm_scale`` (fp32: ``input_precision="ieee"`` by default), ``-inf`` for kv
+   blocks of size 0; the tile of ``s`` is stored to the ``scores`` scratch ``[B, H, Qb, KVb]`` fp32 (only when a
    top-k is to be taken); an online softmax (log2 domain) accumulates ``out_c = softmax(s) @ vc``.
    Writes ``out_c`` (cast to its dtype), optionally an fp32 copy for the backward, and the natural-
    log row LSE (``-inf`` and ``out_c = 0`` for a row whose kv blocks are all empty).
@@ -33,12 +33,17 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .vsa_common import LOG2E, dtype_name, pow2_lanes
+from .vsa_common import dtype_name, pow2_lanes
 
-__all__ = ["vsa_select_fwd", "vsa_topk", "MAX_KV_BLOCKS", "coarse_tiles"]
+__all__ = ["vsa_select_fwd", "vsa_topk", "MAX_KV_BLOCKS", "COARSE_PRECISIONS", "coarse_tiles"]
 
 # Widest score row the top-k kernel keeps in one block (8 warps x 32 lanes x 64 keys).
 MAX_KV_BLOCKS = 16384
+
+# tl.dot input_precision of the coarse attention (fwd and bwd). "ieee" is plain fp32 (FMA, no
+# tensor cores): the contract's fp32 scores. "tf32x3" (three TF32 MMAs, ~fp32 accuracy, tensor
+# cores) is the candidate to measure if the coarse attention shows up in a profile.
+COARSE_PRECISIONS = ("ieee", "tf32x3", "tf32")
 
 
 @triton.jit
@@ -51,6 +56,7 @@ def _vsa_coarse_fwd_kernel(
     BLOCK_D: tl.constexpr,
     WRITE_SCORES: tl.constexpr,
     WRITE_OUT32: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
     pid_q = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
@@ -74,7 +80,7 @@ def _vsa_coarse_fwd_kernel(
         tile = cols.to(tl.int64)[:, None] * D + offs_d[None, :]
         kmask = cmask[:, None] & dmask[None, :]
         kc = tl.load(KC + kv_base + tile, mask=kmask, other=0.0)
-        s = tl.dot(qc, tl.trans(kc), input_precision="ieee") * sm_scale
+        s = tl.dot(qc, tl.trans(kc), input_precision=PRECISION) * sm_scale
         s = tl.where(present[None, :], s, float("-inf"))
         if WRITE_SCORES:
             tl.store(SCORES + q_rows[:, None] * KVb + cols[None, :], s, mask=rmask[:, None] & cmask[None, :])
@@ -87,7 +93,7 @@ def _vsa_coarse_fwd_kernel(
         l_i = l_i * alpha + tl.sum(p, 1)
         vc = tl.load(VC + kv_base + tile, mask=kmask, other=0.0)
         acc = acc * alpha[:, None]
-        acc = tl.dot(p, vc, acc, input_precision="ieee")
+        acc = tl.dot(p, vc, acc, input_precision=PRECISION)
         m_i = m_new
 
     # l == 0: every kv block empty (out_c 0, lse -inf). A NaN l stays NaN in out_c and lse.
@@ -145,11 +151,14 @@ def _vsa_topk_kernel(
 
 
 def coarse_tiles(head_dim: int):
-    """(BLOCK_Q, BLOCK_KV, BLOCK_D, num_warps) of the coarse-attention kernels (fwd and bwd)."""
+    """(BLOCK_Q, BLOCK_KV, BLOCK_D, num_warps) of the coarse-attention kernels (fwd and bwd).
+
+    Not tuned on a GPU yet. 16-row q tiles: at Wan-1.3B 480p (624 blocks, H=12) that is 468
+    programs for 132 SMs; the kv chunk is 32 blocks (16 for head_dim 256: register budget)."""
     block_d = pow2_lanes(head_dim, 16)
     if block_d <= 128:
-        return 32, 32, block_d, 4
-    return 16, 32, block_d, 4
+        return 16, 32, block_d, 4
+    return 16, 16, block_d, 4
 
 
 def _topk_warps(block_kv: int) -> int:
@@ -158,15 +167,17 @@ def _topk_warps(block_kv: int) -> int:
 
 
 def vsa_select_fwd(qc, kc, vc, kv_sizes, out, out32, lse, q2k_idx, q2k_num, scores, *, topk: int,
-                   sm_scale: float) -> None:
+                   sm_scale: float, precision: str = "ieee") -> None:
     """Coarse attention + top-k into caller-allocated tensors.
 
     ``qc [B,H,Qb,D]``, ``kc``/``vc [B,H,KVb,D]``: fp32 contiguous. ``kv_sizes``: int32 ``[KVb]``.
     ``out``: ``[B,H,Qb,D]`` contiguous, any float dtype. ``out32``: fp32 like ``out``, or ``None``.
     ``lse``: fp32 ``[B,H,Qb]``. ``q2k_idx``: int32 ``[B,H,Qb,k]`` with ``k = min(topk, KVb)``;
     ``q2k_num``: int32 ``[B,H,Qb]``. ``scores``: fp32 ``[B,H,Qb,KVb]`` scratch, needed (and
-    written) only when ``topk < KVb``, else may be ``None``.
+    written) only when ``topk < KVb``, else may be ``None``. ``precision``: one of
+    :data:`COARSE_PRECISIONS`.
     """
+    assert precision in COARSE_PRECISIONS, f"precision {precision!r}"
     B, H, Qb, D = qc.shape
     KVb = kc.shape[2]
     k_eff = min(int(topk), KVb)
@@ -191,7 +202,7 @@ def vsa_select_fwd(qc, kc, vc, kv_sizes, out, out32, lse, q2k_idx, q2k_num, scor
         Qb, KVb, D,
         float(sm_scale),
         BLOCK_Q=block_q, BLOCK_KV=block_kv, BLOCK_D=block_d,
-        WRITE_SCORES=not take_all, WRITE_OUT32=out32 is not None,
+        WRITE_SCORES=not take_all, WRITE_OUT32=out32 is not None, PRECISION=precision,
         num_warps=warps,
     )
     _launch_topk(scores if not take_all else lse, q2k_idx, q2k_num, B * H * Qb, KVb, k_eff)
