@@ -511,7 +511,7 @@ def test_gpu_glue_ops_bf16_wan_1_3b():
     g_out = torch.randn_like(out)
     got = torch.autograd.grad(out, (oc, gate), g_out)
     want = torch.autograd.grad(ref, (oc, gate), g_out.transpose(1, 2).float())
-    assert _nerr(got[0], want[0]) < 1e-2 and _nerr(got[1], want[1].transpose(1, 2)) < 1e-2
+    assert _nerr(got[0], want[0]) < 1e-2 and _nerr(got[1], want[1]) < 1e-2  # grads in the inputs' layouts
 
 
 @pytest.mark.gpu
