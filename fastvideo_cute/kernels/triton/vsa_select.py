@@ -126,10 +126,12 @@ def _vsa_topk_kernel(
         x = tl.load(SCORES + row * KVb + cols, mask=valid, other=0.0)
         # Order-preserving int32 key: non-negative floats keep their bits, negative ones flip
         # their magnitude bits; -0.0 -> the key of +0.0 (they tie); NaN -> the largest key.
+        # Integer tests on the bits only (a float compare could flush denormals to zero).
         bits = x.to(tl.int32, bitcast=True)
+        mag = bits & 0x7FFFFFFF
         key = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
-        key = tl.where(x == 0.0, 0, key)
-        key = tl.where(x != x, 0x7FFFFFFF, key)
+        key = tl.where(mag == 0, 0, key)
+        key = tl.where(mag > 0x7F800000, 0x7FFFFFFF, key)
         # Largest T with count(key >= T) >= K: the K-th largest key (binary search, 2^32 range).
         lo = tl.full([], -2147483648, tl.int64)
         hi = tl.full([], 2147483647, tl.int64)
