@@ -120,7 +120,7 @@ def _spread_torch(dxc: Tensor, sizes: Tensor, block: int) -> Tensor:
     return torch.where(_valid(sizes, block), g, torch.zeros((), dtype=g.dtype, device=g.device))
 
 
-def _select_torch(qc, kc, vc, kv_sizes, topk, sm_scale, out_dtype):
+def _select_torch(qc, kc, vc, kv_sizes, topk, sm_scale):
     kvb = kc.shape[2]
     empty = (kv_sizes == 0).view(1, 1, 1, kvb)
     scores = (torch.matmul(qc, kc.transpose(-2, -1)) * sm_scale).masked_fill(empty, float("-inf"))
@@ -325,7 +325,7 @@ def _select(qc: Tensor, kc: Tensor, vc: Tensor, kv_sizes: Tensor, topk: int, sm_
                                out_acc if keep_acc else None, lse, idx, num, scores, topk=topk, sm_scale=sm_scale,
                                precision=_COARSE_PRECISION)
             return out, out_acc, lse, idx, num
-    out_acc, lse, idx, num = _select_torch(qc, kc, vc, kv_sizes, topk, sm_scale, out_dtype)
+    out_acc, lse, idx, num = _select_torch(qc, kc, vc, kv_sizes, topk, sm_scale)
     out = out_acc.to(out_dtype)
     return out, (out_acc if keep_acc else out_acc.new_empty(0)), lse, idx, num
 
