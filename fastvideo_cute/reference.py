@@ -28,6 +28,9 @@ __all__ = [
     "block_mean_reference",
     "topk_block_map_reference",
     "video_sparse_attn_reference",
+    "coarse_attention_reference",
+    "topk_indices_reference",
+    "gate_compose_reference",
 ]
 
 
@@ -171,3 +174,74 @@ def video_sparse_attn_reference(
     if compress_attn_weight is not None:
         return out_c * compress_attn_weight.float() + out_s
     return out_c + out_s
+
+
+# ---------------------------------------------------------------- VSA glue, one op at a time
+# (the pieces of video_sparse_attn_reference, for testing the fused kernels one by one; block
+# means are block_mean_reference above)
+
+
+def _float_at_least_32(x: torch.Tensor) -> torch.Tensor:
+    return x.to(torch.promote_types(x.dtype, torch.float32))
+
+
+def coarse_attention_reference(
+    qc: torch.Tensor,
+    kc: torch.Tensor,
+    vc: torch.Tensor,
+    kv_block_sizes: torch.Tensor,
+    sm_scale: Optional[float] = None,
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """VSA's coarse attention over block means ``[B, H, n, D]`` (fp32, or fp64 for fp64 input).
+
+    Returns ``(out_c, lse, scores)``: ``scores = qc @ kc^T * sm_scale`` with ``-inf`` columns for
+    empty kv blocks (size 0), ``out_c = softmax(scores) @ vc`` (0 when every kv block is empty),
+    ``lse`` the natural-log row log-sum-exp of ``scores`` (``-inf`` then). Differentiable.
+    """
+    qf, kf, vf = _float_at_least_32(qc), _float_at_least_32(kc), _float_at_least_32(vc)
+    scale = qc.shape[-1] ** -0.5 if sm_scale is None else sm_scale
+    present = (kv_block_sizes.to(qc.device) > 0).view(1, 1, 1, -1)
+    scores = torch.matmul(qf, kf.transpose(-2, -1)) * scale
+    scores = scores.masked_fill(~present, float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1)
+    if bool(present.any()):
+        probs = torch.softmax(scores, dim=-1)
+    else:
+        probs = torch.zeros_like(scores)
+    return torch.matmul(probs, vf), lse, scores
+
+
+def topk_indices_reference(scores: torch.Tensor, topk: int) -> torch.Tensor:
+    """The ``min(topk, n)`` column indices of each row of ``scores [..., n]`` that a stable
+    descending sort puts first, returned ascending (int64 ``[..., k]``).
+
+    Written as a rank, no sort: column j beats column i when it is larger, or equal with a lower
+    index. Floats compare as floats (``-0.0 == +0.0``: a tie); NaN is larger than everything and
+    equal to every NaN.
+    """
+    n = scores.shape[-1]
+    k = min(int(topk), n)
+    nan = torch.isnan(scores)
+    s, t = scores.unsqueeze(-1), scores.unsqueeze(-2)  # [..., i, 1], [..., 1, j]
+    ns, nt = nan.unsqueeze(-1), nan.unsqueeze(-2)
+    idx = torch.arange(n, device=scores.device)
+    greater = (nt & ~ns) | (~nt & ~ns & (t > s))
+    equal = (nt & ns) | (t == s)
+    beats = greater | (equal & (idx.view(1, n) < idx.view(n, 1)))
+    selected = beats.sum(dim=-1) < k
+    ranked = torch.where(selected, idx.expand_as(selected), torch.full_like(selected, n, dtype=torch.int64))
+    return ranked.sort(dim=-1).values[..., :k]
+
+
+def gate_compose_reference(
+    out_s: torch.Tensor,
+    out_c: torch.Tensor,
+    gate: Optional[torch.Tensor],
+    block_elements: int,
+) -> torch.Tensor:
+    """``out_s + gate * out_c`` (``out_s + out_c`` without a gate), BHSD, fp32: row i of
+    ``out_c [B, H, Qb, D]`` is broadcast to every token of q block i (padding tokens too)."""
+    oc = _float_at_least_32(out_c).repeat_interleave(block_elements, dim=2)
+    if gate is not None:
+        oc = oc * _float_at_least_32(gate)
+    return _float_at_least_32(out_s) + oc
