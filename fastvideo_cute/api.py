@@ -15,7 +15,9 @@ import torch
 from torch import Tensor
 
 from .backends.registry import supported_head_dims
-from .ops import block_sparse_attn_op
+from .metadata import index_to_map
+from .ops import _refuse_forward_ad, block_sparse_attn_op
+from .vsa_ops import vsa_compress, vsa_gate, vsa_select
 from .validation import check_block_map, check_block_sizes, check_qkv
 
 __all__ = [
@@ -108,23 +110,6 @@ def _block_elements(block_size: Union[int, Sequence[int]]) -> int:
     return math.prod(block_size)
 
 
-def _block_mean(x: Tensor, sizes: Tensor, block_elements: int, seq_dim: int) -> Tensor:
-    """fp32 mean over the valid (leading) tokens of each block -> ``[B, H, n, D]``."""
-    n = x.shape[seq_dim] // block_elements
-    pos = torch.arange(block_elements, device=x.device)
-    valid = pos[None, :] < sizes[:, None]  # [n, be]
-    if seq_dim == 2:  # [B, H, S, D]
-        xb = x.reshape(x.shape[0], x.shape[1], n, block_elements, x.shape[3])
-        keep = valid.view(1, 1, n, block_elements, 1)
-        total = torch.where(keep, xb, torch.zeros((), dtype=x.dtype, device=x.device)).sum(3, dtype=torch.float32)
-    else:  # [B, S, H, D]
-        xb = x.reshape(x.shape[0], n, block_elements, x.shape[2], x.shape[3])
-        keep = valid.view(1, n, block_elements, 1, 1)
-        total = torch.where(keep, xb, torch.zeros((), dtype=x.dtype, device=x.device)).sum(2, dtype=torch.float32)
-        total = total.transpose(1, 2)
-    return total / sizes.clamp(min=1).to(torch.float32).view(1, 1, n, 1)
-
-
 def _video_sparse(q, k, v, variable_block_sizes, q_variable_block_sizes, topk, block_size, compress_attn_weight,
                   bshd: bool) -> Tensor:
     block_elements = _block_elements(block_size)
@@ -146,38 +131,23 @@ def _video_sparse(q, k, v, variable_block_sizes, q_variable_block_sizes, topk, b
             raise TypeError(f"compress_attn_weight must have q's dtype {q.dtype}, got {compress_attn_weight.dtype}")
         if compress_attn_weight.device != q.device:
             raise ValueError(f"compress_attn_weight must be on q's device {q.device}, got {compress_attn_weight.device}")
+    if q.device.type != "meta" and not torch.compiler.is_compiling():
+        _refuse_forward_ad(q, k, v, *(() if compress_attn_weight is None else (compress_attn_weight,)))
 
-    seq_dim = 1 if bshd else 2
-    # Compression branch, fp32: block means, coarse attention over blocks (empty kv blocks excluded).
-    qc = _block_mean(q, q_sizes, block_elements, seq_dim)
-    kc = _block_mean(k, kv_sizes, block_elements, seq_dim)
-    vc = _block_mean(v, kv_sizes, block_elements, seq_dim)
-    scores = torch.matmul(qc, kc.transpose(-2, -1)) * shapes.head_dim ** -0.5
-    empty = (kv_sizes == 0).view(1, 1, 1, kvb)
-    scores = scores.masked_fill(empty, float("-inf"))
-    # If every kv block is empty the coarse attention has nothing to attend to: out_c = 0.
-    probs = torch.softmax(scores.masked_fill(empty.all(), 0.0), dim=-1).masked_fill(empty, 0.0)
-    out_c = torch.matmul(probs, vc).to(q.dtype)  # [B, H, Qb, D]
+    sm_scale = shapes.head_dim ** -0.5
+    # Compression branch (fp32 block means over the valid tokens, coarse attention over blocks with
+    # empty kv blocks excluded) and the top-k selection of the pre-softmax scores, fused
+    # (fastvideo_cute.vsa_ops; docs/vsa-glue.md): the q2k lists come straight from the top-k.
+    qc, kc, vc = vsa_compress(q, k, v, q_sizes, kv_sizes, block_elements, bshd,
+                              range_checked=not torch.compiler.is_compiling())
+    out_c, q2k_idx, q2k_num = vsa_select(qc, kc, vc, kv_sizes, topk, sm_scale, q.dtype)
+    block_map = index_to_map(q2k_idx, q2k_num, kvb)
 
-    # Sparse branch on the top-k blocks of the pre-softmax scores.
-    block_map = topk_block_map(scores.detach(), topk)
+    # Sparse branch on the selected blocks (its LSE is discarded).
     out_s, _ = block_sparse_attn_op(q, k, v, block_map, kv_sizes, block_size=block_elements, bshd=bshd,
-                                    sm_scale=shapes.head_dim ** -0.5, need_lse=False)
-
-    # Out-of-place composition: a backend may keep out_s for its backward.
-    b, h, d = shapes.batch, shapes.heads, shapes.head_dim
-    if bshd:
-        out_c_tok = out_c.transpose(1, 2).unsqueeze(2)  # [B, Qb, 1, H, D]
-        view = (b, qb, block_elements, h, d)
-    else:
-        out_c_tok = out_c.unsqueeze(3)  # [B, H, Qb, 1, D]
-        view = (b, h, qb, block_elements, d)
-    out_view = out_s.reshape(view)
-    if compress_attn_weight is not None:
-        out = out_view + out_c_tok * compress_attn_weight.reshape(view)
-    else:
-        out = out_view + out_c_tok
-    return out.reshape(q.shape)
+                                    sm_scale=sm_scale, need_lse=False)
+    # out = out_s + gate * out_c (out_c broadcast over each q block's tokens), one fused launch.
+    return vsa_gate(out_s, out_c, compress_attn_weight, block_elements, bshd)
 
 
 def video_sparse_attn(q: Tensor, k: Tensor, v: Tensor, variable_block_sizes: Tensor, q_variable_block_sizes: Tensor,

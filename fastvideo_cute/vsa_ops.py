@@ -43,7 +43,8 @@ from typing import List, Optional, Tuple
 import torch
 from torch import Tensor
 
-from .routes import env_flag
+from .backends.triton_backend import interpreting
+from .validation import check_sizes_range
 
 __all__ = ["vsa_compress", "vsa_compress_backward_", "vsa_select", "vsa_gate"]
 
@@ -72,7 +73,7 @@ def _use_triton(x: Tensor) -> bool:
     if x.is_cuda:
         return True
     if x.device.type == "cpu":
-        return x.dtype != torch.bfloat16 and env_flag("TRITON_INTERPRET")
+        return x.dtype != torch.bfloat16 and interpreting()
     return False
 
 
@@ -191,7 +192,10 @@ def _means_shape(x: Tensor, block: int, bshd: bool) -> Tuple[int, int, int, int]
 
 @torch.library.custom_op("fastvideo_cute::vsa_compress", mutates_args=())
 def _compress(q: Tensor, k: Tensor, v: Tensor, q_sizes: Tensor, kv_sizes: Tensor, block: int,
-              bshd: bool) -> Tuple[Tensor, Tensor, Tensor]:
+              bshd: bool, range_checked: bool) -> Tuple[Tensor, Tensor, Tensor]:
+    if not range_checked:  # e.g. traced by torch.compile, where the API's eager check does not run
+        check_sizes_range(q_sizes, block, "q_variable_block_sizes")
+        check_sizes_range(kv_sizes, block, "variable_block_sizes")
     if _use_triton(q):
         from .kernels.triton.vsa_compress import vsa_compress_fwd
 
@@ -207,7 +211,7 @@ def _compress(q: Tensor, k: Tensor, v: Tensor, q_sizes: Tensor, kv_sizes: Tensor
 
 
 @_compress.register_fake
-def _compress_fake(q, k, v, q_sizes, kv_sizes, block, bshd):
+def _compress_fake(q, k, v, q_sizes, kv_sizes, block, bshd, range_checked):
     acc = _acc(q.dtype)
     kc = k.new_empty(_means_shape(k, block, bshd), dtype=acc)
     return q.new_empty(_means_shape(q, block, bshd), dtype=acc), kc, torch.empty_like(kc)
@@ -247,7 +251,7 @@ def _compress_bwd_fake(dqc, dkc, dvc, q_sizes, kv_sizes, q_shape, kv_shape, dtyp
 
 
 def _compress_setup(ctx, inputs, output):
-    q, k, v, q_sizes, kv_sizes, block, bshd = inputs
+    q, k, v, q_sizes, kv_sizes, block, bshd, _ = inputs
     ctx.save_for_backward(q_sizes, kv_sizes)  # nothing full-size
     ctx.q_shape, ctx.kv_shape, ctx.dtype = list(q.shape), list(k.shape), q.dtype
     ctx.block, ctx.bshd = block, bshd
@@ -258,11 +262,11 @@ def _compress_backward(ctx, dqc, dkc, dvc):
     need = ctx.needs_input_grad
     grads = [g if (g is not None and need[i]) else None for i, g in enumerate((dqc, dkc, dvc))]
     if all(g is None for g in grads):
-        return None, None, None, None, None, None, None
+        return None, None, None, None, None, None, None, None
     dq, dk, dv = _compress_bwd(grads[0], grads[1], grads[2], q_sizes, kv_sizes, ctx.q_shape, ctx.kv_shape, ctx.dtype,
                                ctx.block, ctx.bshd)
     out = [d if g is not None else None for d, g in zip((dq, dk, dv), grads)]
-    return out[0], out[1], out[2], None, None, None, None
+    return out[0], out[1], out[2], None, None, None, None, None
 
 
 torch.library.register_autograd("fastvideo_cute::vsa_compress", _compress_backward, setup_context=_compress_setup)
@@ -488,7 +492,7 @@ def _layout_dims(x: Tensor, bshd: bool) -> Tuple[int, int, int, int]:
 
 
 def vsa_compress(q: Tensor, k: Tensor, v: Tensor, q_sizes: Tensor, kv_sizes: Tensor, block: int,
-                 bshd: bool) -> Tuple[Tensor, Tensor, Tensor]:
+                 bshd: bool, range_checked: bool = False) -> Tuple[Tensor, Tensor, Tensor]:
     """Block means over the valid (leading) tokens: ``(qc, kc, vc)``, fp32 (fp64 for fp64 input)
     contiguous ``[B, H, n, D]``; q uses ``q_sizes``, k and v ``kv_sizes``; a block of size 0 has
     mean 0. ``q``/``k``/``v`` are ``[B, H, S, D]`` (``[B, S, H, D]`` when ``bshd``). Differentiable:
@@ -508,7 +512,7 @@ def vsa_compress(q: Tensor, k: Tensor, v: Tensor, q_sizes: Tensor, kv_sizes: Ten
             raise ValueError(f"{name}'s sequence length {s} must be a positive multiple of block {block}")
     _check_sizes("q_sizes", q_sizes, qd[2] // block, q.device)
     _check_sizes("kv_sizes", kv_sizes, kd[2] // block, q.device)
-    return _compress(q, k, v, q_sizes, kv_sizes, block, bshd)
+    return _compress(q, k, v, q_sizes, kv_sizes, block, bshd, bool(range_checked))
 
 
 def vsa_compress_backward_(dqc: Optional[Tensor], dkc: Optional[Tensor], dvc: Optional[Tensor], q_sizes: Tensor,
