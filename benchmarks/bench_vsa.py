@@ -50,11 +50,17 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-ROUTES = ("triton", "cute", "sm120")
-PEERS = ("sdpa-flash", "sdpa-cudnn", "flex", "fa4-dense", "fa4-bsparse")
+ROUTES = ("default", "triton", "cute", "fa4", "cudnn", "sm120")
+PEERS = ("sdpa-flash", "sdpa-cudnn", "flex", "fa4-dense", "fa4-bsparse", "cudnn-bsa", "fastvideo", "fastvideo-triton")
+# Peers whose kernel time a library route must match ("best peer"): block-sparse kernels with
+# their metadata prebuilt, and FastVideo's own entry points.
+SPARSE_PEERS = ("fa4-bsparse", "cudnn-bsa", "fastvideo", "fastvideo-triton", "flex")
 MODES = ("fwd", "bwd")
 BWD_FLOP_FACTOR = 2.5
-ROUTE_ENV = {"triton": "FASTVIDEO_VSA_TRITON", "cute": "FASTVIDEO_VSA_CUTEDSL"}
+ROUTE_VARS = ("FASTVIDEO_VSA_TRITON", "FASTVIDEO_VSA_CUTEDSL", "FASTVIDEO_VSA_BACKEND")
+# route -> the variables that select it (default: none set; fa4/cudnn: the backend named)
+ROUTE_ENV = {"default": {}, "triton": {"FASTVIDEO_VSA_TRITON": "1"}, "cute": {"FASTVIDEO_VSA_CUTEDSL": "1"},
+             "fa4": {"FASTVIDEO_VSA_BACKEND": "fa4"}, "cudnn": {"FASTVIDEO_VSA_BACKEND": "cudnn"}}
 
 # ---------------------------------------------------------------------------------------------
 # arguments
@@ -86,6 +92,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="layout handed to the library API (bshd uses the *_bshd functions)")
     p.add_argument("--ragged", action="store_true",
                    help="make the last kv block partial (size block//2 + 1) instead of all full")
+    p.add_argument("--grid", type=int, nargs=3, default=None, metavar=("T", "H", "W"),
+                   help="a real model latent grid instead of --seqlens: tiled with --tile (partial edge tiles)")
+    p.add_argument("--tile", type=int, nargs=3, action="append", default=None, metavar=("TT", "TH", "TW"),
+                   help="VSA tile(s) for --grid (its product is the block size; repeat for several)")
+    p.add_argument("--write-route-table", default=None, metavar="PATH",
+                   help="write the measured route table (the backends ranked per call class) to PATH")
     p.add_argument("--warmup", type=int, default=25, help="do_bench warmup, ms")
     p.add_argument("--rep", type=int, default=100, help="do_bench repetition time, ms")
     p.add_argument("--seed", type=int, default=0)
@@ -118,6 +130,12 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     for s in args.sparsity:
         if not 0.0 <= s < 1.0:
             p.error(f"--sparsity values must be in [0, 1), got {s}")
+    if args.grid is not None:
+        if not args.tile:
+            p.error("--grid needs --tile")
+        for tile in args.tile:
+            if math.prod(tile) not in (64, 128, 256):
+                p.error(f"--tile {tile}: the product must be 64, 128 or 256")
     for n in args.seqlens:
         for bs in args.block_size:
             if n % bs:
@@ -160,7 +178,7 @@ def tflops(flops: float, ms: Optional[float]) -> Optional[float]:
 
 
 def group_key(r: dict) -> tuple:
-    return (r["mode"], r["seqlen"], r["block_size"], r["sparsity"])
+    return (r["mode"], r["seqlen"], r["block_size"], r["sparsity"], r.get("grid"))
 
 
 def add_ratios(results: List[dict]) -> None:
@@ -204,6 +222,8 @@ def environment() -> dict:
         "flash-attn-4": _version("flash-attn-4"),
         "quack-kernels": _version("quack-kernels"),
         "fastvideo-cute": _version("fastvideo-cute"),
+        "nvidia-cudnn-frontend": _version("nvidia-cudnn-frontend"),
+        "fastvideo-kernel": _version("fastvideo-kernel"),
     }
     try:
         # The device copy of the tree has no git history: the caller passes the commit in FVC_COMMIT.
@@ -439,15 +459,21 @@ def _env(values: Dict[str, str], clear: Iterable[str] = ()):
 
 
 def _route_env(route: str):
-    return _env({ROUTE_ENV[route]: "1"}, clear=ROUTE_ENV.values())
+    return _env(ROUTE_ENV[route], clear=ROUTE_VARS)
 
 
 class Case:
     """One (seqlen, block size, sparsity) problem: inputs, block map, sizes."""
 
-    def __init__(self, args, seqlen: int, block: int, sparsity: float, device: str):
+    def __init__(self, args, seqlen: int, block: int, sparsity: float, device: str, tile=None):
         import torch
 
+        self.grid = tuple(args.grid) if tile is not None else None
+        self.tile = tuple(tile) if tile is not None else None
+        if tile is not None:
+            from fastvideo_cute.tiling import padded_length
+
+            block, seqlen = math.prod(tile), padded_length(self.grid, self.tile)
         self.args, self.seqlen, self.block, self.sparsity = args, seqlen, block, sparsity
         self.dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float16
         b, h, d = args.batch, args.heads, args.head_dim
@@ -463,6 +489,15 @@ class Case:
         self.sizes = torch.full((self.nblocks,), block, dtype=torch.int32, device=device)
         if args.ragged:
             self.sizes[-1] = block // 2 + 1
+        if tile is not None:
+            from fastvideo_cute.tiling import variable_block_sizes
+
+            self.sizes = variable_block_sizes(self.grid, self.tile, device=device)
+        # Padding slots hold zeros, as fastvideo_cute.to_tiles writes them (peers assume that).
+        valid = (torch.arange(block, device=device)[None, :] < self.sizes[:, None]).reshape(1, 1, -1, 1)
+        for t in (self.q, self.k, self.v):
+            t.mul_(valid)
+        self.all_full = bool((self.sizes == block).all())
         self.flops = {m: case_flops(b, h, d, self.nblocks, self.topk, block, m) for m in MODES}
         self.dense_flops = {m: dense_flops(b, h, d, seqlen, seqlen, m) for m in MODES}
 
@@ -494,6 +529,8 @@ class Runner:
             "sparsity": case.sparsity, "topk": case.topk, "kv_blocks": case.nblocks,
             "density": case.topk / case.nblocks,
             "selected_block_pairs": self.args.batch * self.args.heads * case.nblocks * case.topk,
+            "grid": list(case.grid) if case.grid else None, "tile": list(case.tile) if case.tile else None,
+            "tiles": "full" if case.all_full else "partial", "head_dim": self.args.head_dim,
             "status": status, "reason": reason, "ms": ms, "metadata_ms": metadata_ms, "dense": dense,
             "flops": own, "effective_flops": eff, "tflops": tflops(own, ms), "effective_tflops": tflops(eff, ms),
         }
