@@ -178,6 +178,24 @@ def _block_mean_thd(x: Tensor, sizes: Tensor, be: int) -> Tensor:
     return (total / sizes.clamp(min=1).to(torch.float32).view(n, 1, 1)).transpose(0, 1)
 
 
+_TOPK_CACHE: dict = {}
+
+
+def _topk_tensor(topk: Tuple[int, ...], device: torch.device) -> Tensor:
+    """Per-sequence top-k as an int32 device tensor. A host -> device copy synchronises the
+    stream, so each distinct tuple is copied once per device and kept (a few bytes each)."""
+    if torch.compiler.is_compiling():
+        return torch.tensor(topk, dtype=torch.int32, device=device)
+    key = (topk, device)
+    hit = _TOPK_CACHE.get(key)
+    if hit is None:
+        if len(_TOPK_CACHE) >= 256:
+            _TOPK_CACHE.clear()
+        with torch.inference_mode(False):
+            hit = _TOPK_CACHE[key] = torch.tensor(topk, dtype=torch.int32, device=device)
+    return hit
+
+
 def _select_per_sequence(scores: Tensor, same: Tensor, topk_rows) -> Tensor:
     """Per row, the ``topk`` best columns of the row's own sequence (``same``), ordered as a
     stable descending sort orders them (ties to the lowest index, NaN first): exactly what
@@ -232,7 +250,7 @@ def video_sparse_attn_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tens
     out_c = torch.matmul(probs, vc).to(q.dtype)  # [H, Qb, D]
 
     if isinstance(topk, tuple):
-        topk_rows = torch.tensor(topk, dtype=torch.int32, device=q.device)[seq_q.clamp(0, n - 1)].unsqueeze(-1)
+        topk_rows = _topk_tensor(topk, q.device)[seq_q.clamp(0, n - 1)].unsqueeze(-1)
     else:
         topk_rows = topk
     block_map = _select_per_sequence(scores.detach(), same, topk_rows)

@@ -12,12 +12,12 @@ process resolve here (call it before the code that imports FastVideo's package):
 
 Names (FastVideo 0.3.5's VSA exports, same signatures): ``video_sparse_attn``,
 ``video_sparse_attn_bshd``, ``block_sparse_attn``, ``block_sparse_attn_from_indices``,
-``block_sparse_attn_varlen``, ``block_sparse_attn_128`` / ``_256`` (``_bshd``), and the
-``vsa_utils`` helpers (``VSA_TILE_SIZE``, ``get_tile_partition_indices``,
+``block_sparse_attn_varlen``, and the ``vsa_utils`` helpers (``VSA_TILE_SIZE``, ``get_tile_partition_indices``,
 ``get_reverse_tile_partition_indices``, ``construct_variable_block_sizes``,
 ``get_non_pad_index``, ``build_vsa_metadata``). Submodules mirror FastVideo's layout (``ops``,
-``block_sparse_attn``, ``block_sparse_attn_256``, ``block_sparse_attn_varlen``,
-``vsa_utils``). FastVideo's non-VSA exports (sliding-tile attention, MoBA, TurboDiffusion ops)
+``block_sparse_attn``, ``block_sparse_attn_256`` with ``block_sparse_attn_128`` / ``_256`` and
+their ``_bshd`` twins, ``block_sparse_attn_varlen``, ``vsa_utils``); as in FastVideo's package,
+the attributes ``block_sparse_attn`` and ``block_sparse_attn_varlen`` are the functions. FastVideo's non-VSA exports (sliding-tile attention, MoBA, TurboDiffusion ops)
 are not provided: importing one raises ``ImportError`` with the reason. Where behaviour
 deliberately differs from FastVideo's, docs/compat.md has the table.
 """
@@ -26,8 +26,7 @@ from __future__ import annotations
 
 from ...api import __name__ as _api_name  # noqa: F401  (fastvideo_cute must be importable)
 from .block_sparse_attn import block_sparse_attn, block_sparse_attn_from_indices
-from .block_sparse_attn_256 import (block_sparse_attn_128, block_sparse_attn_128_bshd, block_sparse_attn_256,
-                                    block_sparse_attn_256_bshd)
+from . import block_sparse_attn_256, ops, vsa_utils  # noqa: F401  (modules, as in FastVideo's package)
 from .block_sparse_attn_varlen import block_sparse_attn_varlen
 from .ops import video_sparse_attn, video_sparse_attn_bshd
 from .vsa_utils import (VSA_TILE_SIZE, build_vsa_metadata, construct_variable_block_sizes, get_non_pad_index,
@@ -41,10 +40,6 @@ __all__ = [
     "block_sparse_attn",
     "block_sparse_attn_from_indices",
     "block_sparse_attn_varlen",
-    "block_sparse_attn_128",
-    "block_sparse_attn_128_bshd",
-    "block_sparse_attn_256",
-    "block_sparse_attn_256_bshd",
     "VSA_TILE_SIZE",
     "get_tile_partition_indices",
     "get_reverse_tile_partition_indices",

@@ -204,8 +204,8 @@ def block_sparse_attn_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tens
             packed_q = torch.cat([s.to(torch.int32) for s in q_sizes])
         else:
             packed_q = torch.full((qb,), block_size, dtype=torch.int32, device=dev)
-        lens_q = torch.stack([s.to(torch.int64).sum() for s in q_sizes]) if q_sizes is not None else torch.tensor(
-            [c * block_size for c in nq], dtype=torch.int64, device=dev)
+        # Token count per sequence, on the device (a host -> device copy would synchronise).
+        lens_q = torch.stack([s.to(torch.int64).sum() for s in torch.split(packed_q, nq)])
         lens_kv = torch.stack([s.to(torch.int64).sum() for s in kv_sizes])
         return (packed_kv, _token_slots(packed_q, t_q, block_size), _token_slots(packed_kv, t_kv, block_size),
                 lens_q, lens_kv)
