@@ -261,8 +261,73 @@ def test_gpu_wan_sized_varlen_bf16_bitwise_vs_alone():
             assert torch.equal(a, b[0])
     vout = varlen.video_sparse_attn_varlen(q.detach(), k.detach(), v.detach(), cu, cu, torch.cat(sizes),
                                            torch.cat(sizes), topks)
+    flipped = total = 0
     for i, sl in enumerate(_slices(blocks, 64)):
         alone = _vsa_alone(qs[i], ks[i], vs[i], sizes[i], sizes[i], topks[i], None)
-        # bf16 output of the same fp32 compression over different shapes: differences of one bf16 ulp
-        # of |out| <= ~4 where a top-k choice does not flip; 3e-2 covers them
-        torch.testing.assert_close(vout[sl].float(), alone.float(), atol=3e-2, rtol=3e-2)
+        # Same fp32 compression over different shapes: the outputs agree to bf16 rounding (|out| <= ~4:
+        # 3e-2 covers an ulp) except in a q block whose top-k choice flipped on a near-tie of coarse
+        # scores that rounded differently; those must be rare (<= 0.5 % of q blocks x heads).
+        diff = (vout[sl].float() - alone.float()).abs().reshape(blocks[i], 64, h, d).amax(dim=(1, 3))
+        flipped += int((diff > 3e-2 + 3e-2 * alone.float().abs().max()).sum())
+        total += diff.numel()
+    assert flipped <= 0.005 * total, f"{flipped} of {total} (q block, head) pairs differ"
+
+
+def _sync_free_case():
+    q, k, v, kv_sizes, q_sizes, maps, cu_q, cu_kv = _batch([2, 1, 3], [1, 3, 2], 64, h=2, d=64,
+                                                           dtype=torch.bfloat16, seed=9)
+    return q, k, v, torch.cat(kv_sizes), torch.cat(q_sizes), _pack_maps(maps, [2, 1, 3], [1, 3, 2], True), cu_q, cu_kv
+
+
+@pytest.mark.gpu
+def test_gpu_public_bshd_call_does_not_synchronise():
+    """Baseline for the varlen test below: the public map API itself, after a warm-up call."""
+    q, k, v, sizes, _, block_map, _, _ = _sync_free_case()
+    args = (q[:64].unsqueeze(0), k[:64].unsqueeze(0), v[:64].unsqueeze(0), block_map[:, :1, :1], sizes[:1])
+    fvc.block_sparse_attn_bshd(*args)[0].sum().backward()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        out, _ = fvc.block_sparse_attn_bshd(*args)
+        out.sum().backward()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+
+
+@pytest.mark.gpu
+def test_gpu_varlen_calls_do_not_synchronise():
+    """After a warm-up call (kernels built, offsets and sizes checked once), a varlen forward
+    and backward issue no host synchronisation (torch raises on any under sync-debug "error")."""
+    q, k, v, sizes, q_sizes, block_map, cu_q, cu_kv = _sync_free_case()
+
+    def run():
+        out, _ = varlen.block_sparse_attn_varlen(q, k, v, cu_q, cu_kv, block_map, sizes)
+        vout = varlen.video_sparse_attn_varlen(q, k, v, cu_q, cu_kv, sizes, q_sizes, [1, 2, 1])
+        torch.autograd.grad(out.float().sum() + vout.float().sum(), (q, k, v))
+
+    run()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        run()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+
+
+def test_bench_varlen_smoke(tmp_path):
+    """The benchmark script runs end to end on tiny shapes and records packed == one by one."""
+    import json
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    try:
+        import bench_varlen
+    finally:
+        sys.path.pop(0)
+    out = tmp_path / "varlen.json"
+    bench_varlen.main(["--smoke", "--entries", "bsa", "compat", "--modes", "fwd", "--out", str(out)])
+    data = json.loads(out.read_text())
+    assert [e["entry"] for e in data["entries"]] == ["bsa", "compat"]
+    assert all(e["bitwise_equal"] for e in data["entries"])
+    assert all(e["fwd"]["packed"]["median_ms"] > 0 for e in data["entries"])

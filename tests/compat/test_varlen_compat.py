@@ -170,3 +170,25 @@ def test_checks_run_once_for_the_same_tensors(monkeypatch):
     with torch.no_grad():
         block_sparse_attn_varlen(**a)
     assert calls == {"cu": 1, "q2k": 2}
+
+
+@pytest.mark.gpu
+def test_gpu_compat_varlen_does_not_synchronise_after_first_call():
+    """FastVideo's varlen reads every block size back to the host on every call; here, once the
+    same tensors have been seen (checks and packing metadata remembered), forward and backward
+    issue no host synchronisation (torch raises on any under sync-debug "error")."""
+    q, k, v, cu_q, cu_kv, seqs = _case([(2, 1), (1, 3), (2, 2)], dtype=torch.bfloat16, d=64, seed=7)
+    args = (q, k, v, cu_q, cu_kv, [s["idx"] for s in seqs], [s["num"] for s in seqs],
+            [s["kv_sizes"] for s in seqs], [s["q_sizes"] for s in seqs])
+
+    def run():
+        out = block_sparse_attn_varlen(*args)
+        torch.autograd.grad(out.float().sum(), (q, k, v))
+
+    run()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        run()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
