@@ -14,6 +14,9 @@ Entries (each timed packed and one by one, the same inputs):
   compat  fastvideo_cute.compat.fastvideo_kernel.block_sparse_attn_varlen (FastVideo's signature:
           real tokens, per-clip q2k lists) vs the compat block_sparse_attn_from_indices per clip
           on each clip's padded tensors
+  fastvideo  (opt-in peer) the compat varlen above vs FastVideo 0.3.5's own
+          fastvideo_kernel.block_sparse_attn_varlen (host packing) on the same inputs; records
+          which kernel FastVideo ran (its sm_90 TK extension or its Triton)
 
 Modes: ``fwd`` (no grad) and ``fwdbwd`` (forward + backward of a fixed output gradient). Times:
 CUDA events around each repetition after warm-up (kernels compiled, value checks cached),
@@ -48,7 +51,8 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-ENTRIES = ("bsa", "vsa", "compat")
+ENTRIES = ("bsa", "vsa", "compat", "fastvideo")
+LABELS = {"fastvideo": ("fastvideo_cute", "fastvideo_0.3.5")}  # the other entries: packed vs one by one
 MODES = ("fwd", "fwdbwd")
 
 
@@ -61,7 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--head-dim", type=int, default=128)
     p.add_argument("--sparsity", type=float, default=0.875, help="fraction of kv blocks each q block skips")
     p.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="bf16")
-    p.add_argument("--entries", nargs="+", choices=ENTRIES, default=list(ENTRIES))
+    p.add_argument("--entries", nargs="+", choices=ENTRIES, default=["bsa", "vsa", "compat"],
+                   help="fastvideo (a peer, opt-in) needs FastVideo's fastvideo_kernel importable")
     p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--iters", type=int, default=20)
@@ -192,12 +197,49 @@ def build_entry(name: str, clips, block: int, device: str):
                                           block_size=block)
         return split(out, tokens)
 
+    if name == "fastvideo":  # the peer: FastVideo's own varlen (host packing) on the same inputs
+        real = _fastvideo_kernel()
+
+        def theirs(L):
+            out = real.block_sparse_attn_varlen(L["q"], L["k"], L["v"], cu_real, cu_real, idx_list, num_list, vbs, vbs,
+                                                block_size=block)
+            return split(out, tokens)
+
+        return packed, theirs, real_leaves, real_leaves, pairs
+
     def one_by_one(Ls):
         return [fk.block_sparse_attn_from_indices(L["q"][None].transpose(1, 2), L["k"][None].transpose(1, 2),
                                                   L["v"][None].transpose(1, 2), i, n, c["sizes"])[0][0]
                 .transpose(0, 1)[npi] for L, c, i, n, npi in zip(Ls, clips, idx_list, num_list, nonpad)]
 
     return packed, one_by_one, real_leaves, per_clip, pairs
+
+
+def _fastvideo_kernel():
+    """FastVideo's own fastvideo_kernel (not our compat alias), or SystemExit with the reason."""
+    import importlib
+    import sys as _sys
+
+    present = _sys.modules.get("fastvideo_kernel")
+    if present is not None and present.__name__.startswith("fastvideo_cute"):
+        raise SystemExit("--entries fastvideo: fastvideo_kernel is aliased to fastvideo_cute's compat module")
+    try:
+        return importlib.import_module("fastvideo_kernel")
+    except ImportError as exc:
+        raise SystemExit(f"--entries fastvideo: FastVideo's fastvideo_kernel is not importable ({exc})") from None
+
+
+def _fastvideo_path() -> str:
+    """Which kernel FastVideo's 64-token path takes here (its TK extension or its Triton)."""
+    import sys as _sys
+
+    mod = _sys.modules.get("fastvideo_kernel.block_sparse_attn")
+    if mod is None:
+        return "unknown"
+    if mod._force_triton():
+        return "triton (forced)"
+    fwd, bwd = mod._get_sm90_ops()
+    return "tk_sm90" if mod._is_sm90() and fwd is not None and bwd is not None else "triton"
 
 
 # ------------------------------------------------------------------ timing
@@ -295,26 +337,34 @@ def main(argv=None) -> Dict:
         "entries": [],
     }
     for name in args.entries:
-        packed, one_by_one, packed_leaves, per_clip, pairs = build_entry(name, clips, block, device)
+        try:
+            packed, one_by_one, packed_leaves, per_clip, pairs = build_entry(name, clips, block, device)
+        except SystemExit as exc:  # a peer that cannot run here is recorded, not fatal
+            print(f"{name}: skipped: {exc}", flush=True)
+            result["entries"].append({"entry": name, "skipped": str(exc)})
+            continue
         with torch.no_grad():
             a = packed(packed_leaves)
             b = one_by_one(per_clip)
         bitwise = all(torch.equal(x, y) for x, y in zip(a, b))
         max_abs = max(float((x.float() - y.float()).abs().max()) for x, y in zip(a, b))
-        entry = {"entry": name, "selected_pairs_all_heads": pairs, "bitwise_equal": bitwise, "max_abs_diff": max_abs}
+        la, lb = LABELS.get(name, ("packed", "one_by_one"))
+        entry = {"entry": name, "compares": [la, lb], "selected_pairs_all_heads": pairs, "bitwise_equal": bitwise,
+                 "max_abs_diff": max_abs}
+        if name == "fastvideo":
+            entry["fastvideo_path"] = _fastvideo_path()
         flops_fwd = 4 * args.head_dim * pairs * block * block
         for mode in args.modes:
             row = {}
-            for label, fn, struct in (("packed", packed, packed_leaves), ("one_by_one", one_by_one, per_clip)):
+            for label, fn, struct in ((la, packed, packed_leaves), (lb, one_by_one, per_clip)):
                 t = time_mode(fn, lambda grad, s=struct: _leaves(s, grad), mode, args.warmup, args.iters, timer)
                 flops = flops_fwd * (1 + 2.5 if mode == "fwdbwd" else 1)
                 t["effective_tflops"] = flops / (t["median_ms"] * 1e-3) / 1e12
                 row[label] = t
-            row["speedup_packed_vs_one_by_one"] = row["one_by_one"]["median_ms"] / row["packed"]["median_ms"]
+            row[f"speedup_{la}_vs_{lb}"] = row[lb]["median_ms"] / row[la]["median_ms"]
             entry[mode] = row
-            print(f"{name:7s} {mode:7s} packed {row['packed']['median_ms']:9.3f} ms   one-by-one "
-                  f"{row['one_by_one']['median_ms']:9.3f} ms   speedup {row['speedup_packed_vs_one_by_one']:.3f}x   "
-                  f"bitwise={bitwise}", flush=True)
+            print(f"{name:9s} {mode:7s} {la} {row[la]['median_ms']:9.3f} ms   {lb} {row[lb]['median_ms']:9.3f} ms   "
+                  f"speedup {row[lb]['median_ms'] / row[la]['median_ms']:.3f}x   bitwise={bitwise}", flush=True)
         result["entries"].append(entry)
     out = Path(args.out) if args.out else REPO / "benchmarks" / "results" / f"varlen_{args.name}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
