@@ -250,3 +250,17 @@ def test_torch_compile_fullgraph_traces(which):
     eager = fn(q, k, v)
     compiled = torch.compile(fn, fullgraph=True, backend="aot_eager")(q, k, v)
     assert torch.equal(compiled, eager)
+
+
+def test_inference_mode_metadata_is_accepted():
+    """FastVideo may build its sizes under torch.inference_mode (inference tensors have no
+    version counter); the compat functions accept them and compute the same result."""
+    q, k, v, kv_sizes, q_sizes = _vsa_inputs(False, seed=9)
+    want = fk.video_sparse_attn(q, k, v, kv_sizes, q_sizes, 2)
+    want_bsa = fk.block_sparse_attn(q, k, v, torch.ones(2, 3, 3, dtype=torch.bool, device=DEV), kv_sizes)[0]
+    with torch.inference_mode():
+        kv_i, q_i = kv_sizes.clone(), q_sizes.clone()
+        assert kv_i.is_inference()
+        assert torch.equal(fk.video_sparse_attn(q, k, v, kv_i, q_i, 2), want)
+        m = torch.ones(2, 3, 3, dtype=torch.bool, device=DEV)
+        assert torch.equal(fk.block_sparse_attn(q, k, v, m, kv_i)[0], want_bsa)
