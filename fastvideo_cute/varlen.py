@@ -235,7 +235,8 @@ def video_sparse_attn_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tens
         if compress_attn_weight.dtype != q.dtype:
             raise TypeError(f"compress_attn_weight must have q's dtype {q.dtype}, got {compress_attn_weight.dtype}")
         if compress_attn_weight.device != q.device:
-            raise ValueError(f"compress_attn_weight must be on q's device {q.device}, got {compress_attn_weight.device}")
+            raise ValueError(f"compress_attn_weight must be on q's device {q.device}, "
+                             f"got {compress_attn_weight.device}")
 
     same, seq_q = _same_sequence(cu_seqlens_q, cu_seqlens_kv, qb, kvb, be)
     # Compression branch, fp32, per sequence: cross-sequence and empty kv blocks score -inf.

@@ -140,7 +140,8 @@ def _bad_case(case):
     ("mixed_forms", ValueError, r"q2k_num must have shape \[1, 2, 2\] to go with a \[B, H, Qb, W\]"),
     ("num_high", ValueError, r"q2k_num must lie in \[0, W\] = \[0, 2\], got values in \[1, 3\]"),
     ("num_negative", ValueError, r"q2k_num must lie in \[0, W\]"),
-    ("idx_high", ValueError, r"q2k_idx entries below q2k_num must lie in \[0, KVb\) = \[0, 2\); q2k_idx\[0, 1, 1, 0\] = 2"),
+    ("idx_high", ValueError,
+     r"q2k_idx entries below q2k_num must lie in \[0, KVb\) = \[0, 2\); q2k_idx\[0, 1, 1, 0\] = 2"),
     ("idx_negative", ValueError, r"q2k_idx\[0, 0, 0, 1\] = -1"),
     ("duplicate", ValueError, r"q2k_idx lists a kv block twice in row \[0, 1, 0\]"),
 ])

@@ -79,7 +79,7 @@ def test_block_sparse_varlen_equals_each_sequence_alone_bitwise(block, q_blocks,
 
 def test_block_sparse_varlen_4d_map_and_empty_sequence_fp16():
     # Sequence 1 has no kv tokens at all: its queries see nothing (out 0, lse -inf).
-    block, q_blocks, kv_blocks = 64, [1, 1], [2, 0]
+    block, q_blocks = 64, [1, 1]  # kv blocks per sequence: [2, 0]
     q, k, v, kv_sizes, _, maps, cu_q, cu_kv = _batch(q_blocks, [2, 1], block, dtype=torch.float16, seed=2)
     k, v = k.detach()[:2 * block], v.detach()[:2 * block]
     cu_kv = torch.tensor([0, 2 * block, 2 * block], dtype=torch.int64, device=DEV)

@@ -27,8 +27,9 @@ def install_as_fastvideo_kernel(*, replace: bool = False) -> ModuleType:
     module = importlib.import_module(_OURS)
     present = sys.modules.get("fastvideo_kernel")
     if present is not None and present is not module and not replace:
-        raise RuntimeError(f"a different fastvideo_kernel is already imported ({getattr(present, '__file__', present)!r});"
-                           f" call install_as_fastvideo_kernel() before importing it, or pass replace=True")
+        where = getattr(present, "__file__", present)
+        raise RuntimeError(f"a different fastvideo_kernel is already imported ({where!r}); call "
+                           f"install_as_fastvideo_kernel() before importing it, or pass replace=True")
     if replace:
         for name in [n for n in sys.modules if n.startswith("fastvideo_kernel.")]:
             if not getattr(sys.modules[name], "__name__", "").startswith(_OURS):

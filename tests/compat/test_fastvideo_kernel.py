@@ -18,7 +18,6 @@ import fastvideo_cute as fvc
 import fastvideo_cute.compat.fastvideo_kernel as fk
 from fastvideo_cute.compat import install_as_fastvideo_kernel
 from fastvideo_cute.compat.fastvideo_kernel import _env
-from fastvideo_cute.metadata import map_to_index
 from fastvideo_cute.reference import block_sparse_attn_reference
 from fastvideo_cute.routes import RouteError
 
@@ -170,6 +169,49 @@ def test_video_sparse_attn_int_block_is_a_cube_edge(bshd):
     assert torch.equal(fn(q, k, v, kv_sizes, q_sizes, torch.tensor(2).item(), (2, 4, 8), gate), ours)
     with pytest.raises(ValueError, match="an int block_size is a cube edge"):
         fn(q, k, v, kv_sizes, q_sizes, 2, block_size=64)
+
+
+def _fastvideo_vsa_formula(q, k, v, kv_sizes, q_sizes, topk, be, gate):
+    """FastVideo 0.3.5's video_sparse_attn as its code computes it (BHSD): block sums over every
+    slot divided by the valid count and cast to the input dtype, softmax over all kv blocks,
+    top-k on the scores, block-sparse branch, ``out_c * gate + out_s``; fp32 torch here."""
+    from fastvideo_cute.reference import topk_block_map_reference
+
+    b, h, s, d = q.shape
+
+    def means(x, sizes):
+        n = x.shape[2] // be
+        return (x.reshape(b, h, n, be, d).float().sum(3) / sizes.view(1, 1, -1, 1)).to(x.dtype)
+
+    qc, kc, vc = means(q, q_sizes), means(k, kv_sizes), means(v, kv_sizes)
+    scores = qc @ kc.transpose(-2, -1) / d ** 0.5
+    out_c = (torch.softmax(scores, -1) @ vc).repeat_interleave(be, dim=2)
+    out_s, _ = block_sparse_attn_reference(q, k, v, topk_block_map_reference(scores, topk), kv_sizes, be)
+    return out_c * gate + out_s
+
+
+def test_video_sparse_attn_matches_fastvideo_formula_where_they_agree():
+    """fp32 inputs, zero padding, no empty block: FastVideo's compression equals ours, so the
+    outputs and the gradients of real tokens agree; padding slots' gradients are the documented
+    difference (broadcast there, 0 here)."""
+    q, k, v, kv_sizes, q_sizes = _vsa_inputs(False, seed=10)
+    be = 64
+    for x, sizes in ((q, q_sizes), (k, kv_sizes), (v, kv_sizes)):
+        for j, n in enumerate(sizes.tolist()):
+            x[:, :, j * be + n:(j + 1) * be] = 0
+    gate = torch.rand_like(q)
+    leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    ours = fk.video_sparse_attn(*leaves, kv_sizes, q_sizes, 2, 4, gate)
+    theirs = _fastvideo_vsa_formula(*leaves, kv_sizes, q_sizes, 2, be, gate)
+    torch.testing.assert_close(ours, theirs, atol=TOL, rtol=TOL)
+    pad_q, pad_kv = ((torch.arange(be, device=DEV)[None, :] >= s[:, None]).reshape(-1) for s in (q_sizes, kv_sizes))
+    grad = torch.randn_like(ours)
+    grad[:, :, pad_q] = 0  # a caller drops padding rows (from_tiles), so no gradient enters there
+    g_ours = torch.autograd.grad(ours, leaves, grad)
+    g_theirs = torch.autograd.grad(theirs, leaves, grad)
+    for i, pad in ((0, pad_q), (1, pad_kv), (2, pad_kv)):
+        torch.testing.assert_close(g_ours[i][:, :, ~pad], g_theirs[i][:, :, ~pad], atol=10 * TOL, rtol=10 * TOL)
+        assert (g_ours[i][:, :, pad] == 0).all() and (g_theirs[i][:, :, pad] != 0).any()
 
 
 def test_video_sparse_attn_accepts_numpy_topk():

@@ -17,14 +17,14 @@ Names (FastVideo 0.3.5's VSA exports, same signatures): ``video_sparse_attn``,
 ``get_non_pad_index``, ``build_vsa_metadata``). Submodules mirror FastVideo's layout (``ops``,
 ``block_sparse_attn``, ``block_sparse_attn_256`` with ``block_sparse_attn_128`` / ``_256`` and
 their ``_bshd`` twins, ``block_sparse_attn_varlen``, ``vsa_utils``); as in FastVideo's package,
-the attributes ``block_sparse_attn`` and ``block_sparse_attn_varlen`` are the functions. FastVideo's non-VSA exports (sliding-tile attention, MoBA, TurboDiffusion ops)
-are not provided: importing one raises ``ImportError`` with the reason. Where behaviour
-deliberately differs from FastVideo's, docs/compat.md has the table.
+the attributes ``block_sparse_attn`` and ``block_sparse_attn_varlen`` are the functions.
+FastVideo's non-VSA exports (sliding-tile attention, MoBA, TurboDiffusion ops) are not
+provided: importing one raises ``ImportError`` (attribute access: ``AttributeError`` with the
+reason). Where behaviour deliberately differs from FastVideo's, docs/compat.md has the table.
 """
 
 from __future__ import annotations
 
-from ...api import __name__ as _api_name  # noqa: F401  (fastvideo_cute must be importable)
 from .block_sparse_attn import block_sparse_attn, block_sparse_attn_from_indices
 from . import block_sparse_attn_256, ops, vsa_utils  # noqa: F401  (modules, as in FastVideo's package)
 from .block_sparse_attn_varlen import block_sparse_attn_varlen

@@ -11,11 +11,13 @@ FastVideo's ``fastvideo_kernel`` 0.3.5 reads (on every call):
 ``FASTVIDEO_VSA_TRITON`` and ``FASTVIDEO_VSA_CUTEDSL`` are also this library's own names, read
 by the op itself. What this module adds, per call:
 
-| FastVideo set | our variables during the call |
-|---|---|
-| a force-Triton variable (either spelling) | ``FASTVIDEO_VSA_TRITON=1``, ``FASTVIDEO_VSA_CUTEDSL`` hidden (Triton wins, as in FastVideo; our own API would raise on both) |
-| ``FASTVIDEO_VSA_TK`` (no force-Triton, no ``FASTVIDEO_VSA_BACKEND``) | ``FASTVIDEO_VSA_CUTEDSL=1``: our fastest route for the call; it falls back to Triton, logging why once, where no CuTe backend serves |
-| ``FASTVIDEO_VSA_SM100A`` | nothing (ignored: our sm_100 kernels are reachable only by ``FASTVIDEO_VSA_BACKEND=sm100``) |
+- a force-Triton variable (either spelling) -> ``FASTVIDEO_VSA_TRITON=1`` with
+  ``FASTVIDEO_VSA_CUTEDSL`` hidden (Triton wins, as in FastVideo; our own API raises on both);
+- ``FASTVIDEO_VSA_TK`` (no force-Triton, no ``FASTVIDEO_VSA_BACKEND``) ->
+  ``FASTVIDEO_VSA_CUTEDSL=1``: our fastest route for the call, which falls back to Triton
+  (logging why, once) where no CuTe backend serves;
+- ``FASTVIDEO_VSA_SM100A`` -> nothing (our sm_100 kernels are reachable only by
+  ``FASTVIDEO_VSA_BACKEND=sm100``).
 
 Values count as set when truthy (``1``/``true``/``yes``/``on``), our rule, a superset of
 FastVideo's ``== "1"``.
