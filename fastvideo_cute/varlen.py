@@ -138,7 +138,7 @@ def block_sparse_attn_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tens
     ``[KVb]``, the packed per-block sizes. Returns ``out [S_q, H, D]`` and natural-log fp32
     ``lse [H, S_q]`` (detached; ``-inf`` for rows that see no key).
     """
-    if block_size not in _BSHD_API:
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size not in _BSHD_API:
         raise ValueError(f"block_size must be 64, 128 or 256, got {block_size!r}")
     shapes = _check_thd(q, k, v, block_size)
     qb, kvb = shapes.q_len // block_size, shapes.kv_len // block_size

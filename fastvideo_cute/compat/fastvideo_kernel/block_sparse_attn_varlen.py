@@ -156,7 +156,7 @@ def block_sparse_attn_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tens
                              q_variable_block_sizes_list: Optional[Sequence[Tensor]] = None,
                              block_size: int = BLOCK_SIZE) -> Tensor:
     """Block-sparse attention over packed variable-length sequences (see the module docstring)."""
-    if isinstance(block_size, bool) or block_size not in (64, 128, 256):
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size not in (64, 128, 256):
         raise ValueError(f"block_size must be 64, 128 or 256, got {block_size!r}")
     for name, x in (("q", q), ("k", k), ("v", v)):
         if not isinstance(x, Tensor):
