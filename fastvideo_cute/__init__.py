@@ -16,8 +16,12 @@ from .api import (
     video_sparse_attn,
     video_sparse_attn_bshd,
 )
+from .api_indices import (block_sparse_attn_128_bshd_from_indices, block_sparse_attn_128_from_indices,
+                          block_sparse_attn_256_bshd_from_indices, block_sparse_attn_256_from_indices,
+                          block_sparse_attn_bshd_from_indices, block_sparse_attn_from_indices)
 from .metadata import expand_block_map, invert_indices, map_to_index, split_block_sizes
 from .routes import RouteError
+from .varlen import block_sparse_attn_varlen, video_sparse_attn_varlen
 from .tiling import (from_tiles, padded_length, tile_counts, tile_gather_index, tile_scatter_index, to_tiles,
                      variable_block_sizes)
 
@@ -33,6 +37,14 @@ __all__ = [
     "video_sparse_attn",
     "video_sparse_attn_bshd",
     "topk_block_map",
+    "block_sparse_attn_from_indices",
+    "block_sparse_attn_bshd_from_indices",
+    "block_sparse_attn_128_from_indices",
+    "block_sparse_attn_128_bshd_from_indices",
+    "block_sparse_attn_256_from_indices",
+    "block_sparse_attn_256_bshd_from_indices",
+    "block_sparse_attn_varlen",
+    "video_sparse_attn_varlen",
     "map_to_index",
     "invert_indices",
     "expand_block_map",

@@ -16,7 +16,8 @@ for a CUDA tensor is a host sync, so :func:`check_sizes_range` remembers a pass 
   writing through ``.data``.
 
 The check runs inside the forward op too, so it also holds under ``torch.compile`` (the op body
-runs eagerly on real tensors); meta and fake tensors have no values and skip it.
+runs eagerly on real tensors); meta and fake tensors have no values and skip it. While a CUDA
+graph is captured a tensor not seen before is checked by the device-side assert only.
 """
 
 from __future__ import annotations
@@ -145,6 +146,11 @@ def check_sizes_range(sizes: torch.Tensor, block_size: int, name: str = "variabl
     entry = _RANGE_OK.get(id(sizes))
     if entry is not None and entry[0] == key and sizes.device.type != "cpu":
         _device_backstop(sizes, block_size, entry[1], name)
+        return
+    if sizes.is_cuda and torch.cuda.is_current_stream_capturing():
+        # A host read is illegal while a CUDA graph is captured: check on the device only (call
+        # once before capture to get the ValueError and the "every block full" record).
+        _device_backstop(sizes, block_size, True, name)
         return
     lo, hi = (int(x) for x in torch.aminmax(sizes))
     if lo < 0 or hi > block_size:

@@ -9,7 +9,7 @@ from typing import Tuple, Union
 import torch
 from torch import Tensor
 
-__all__ = ["LOG2E", "convert_lse", "infer_block", "map_as_bool", "tile_elements", "as_topk", "normal_tensor"]
+__all__ = ["LOG2E", "convert_lse", "infer_block", "map_as_bool", "tile_elements", "as_topk"]
 
 LOG2E = 1.4426950408889634  # 1 / ln(2)
 _BLOCKS = (64, 128, 256)
@@ -76,16 +76,3 @@ def as_topk(topk) -> int:
         return operator.index(topk)
     except TypeError:
         raise ValueError(f"topk must be a positive int, got {topk!r}") from None
-
-
-def normal_tensor(x):
-    """An inference tensor (made under ``torch.inference_mode``, as FastVideo's metadata can be)
-    copied to a normal one; anything else as is. Work-around: ``validation.check_block_sizes``
-    reads the version counter, which inference tensors lack (RuntimeError). The copy is fresh
-    each call, so its range check syncs each call."""
-    if torch.compiler.is_compiling():  # dynamo cannot trace is_inference(); compiled calls skip the range check
-        return x
-    if isinstance(x, Tensor) and x.is_inference():
-        with torch.inference_mode(False):
-            return x.clone()
-    return x

@@ -16,7 +16,7 @@ from typing import Tuple
 from torch import Tensor
 
 from ... import api, api_indices
-from ._common import check_lse_format, convert_lse, infer_block, map_as_bool, normal_tensor
+from ._common import check_lse_format, convert_lse, infer_block, map_as_bool
 from ._env import call_with_fastvideo_env
 
 __all__ = ["block_sparse_attn", "block_sparse_attn_from_indices"]
@@ -31,7 +31,7 @@ def block_sparse_attn(q: Tensor, k: Tensor, v: Tensor, block_map: Tensor, variab
     """Block-sparse attention from a ``[B, H, Qb, KVb]`` / ``[H, Qb, KVb]`` map (non-bool read as ``!= 0``)."""
     check_lse_format(lse_format)
     fn = _MAP[infer_block(k, variable_block_sizes, 2)]
-    out, lse = call_with_fastvideo_env(fn, q, k, v, map_as_bool(block_map), normal_tensor(variable_block_sizes))
+    out, lse = call_with_fastvideo_env(fn, q, k, v, map_as_bool(block_map), variable_block_sizes)
     return out, convert_lse(lse, lse_format)
 
 
@@ -40,5 +40,5 @@ def block_sparse_attn_from_indices(q: Tensor, k: Tensor, v: Tensor, q2k_idx: Ten
     """Block-sparse attention from q2k lists ``idx [B, H, Qb, W]``, ``num [B, H, Qb]`` (or without B)."""
     check_lse_format(lse_format)
     fn = _LISTS[infer_block(k, variable_block_sizes, 2)]
-    out, lse = call_with_fastvideo_env(fn, q, k, v, q2k_idx, q2k_num, normal_tensor(variable_block_sizes))
+    out, lse = call_with_fastvideo_env(fn, q, k, v, q2k_idx, q2k_num, variable_block_sizes)
     return out, convert_lse(lse, lse_format)

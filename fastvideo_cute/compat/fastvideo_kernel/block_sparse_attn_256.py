@@ -13,7 +13,7 @@ from typing import Tuple
 from torch import Tensor
 
 from ... import api
-from ._common import check_lse_format, convert_lse, map_as_bool, normal_tensor
+from ._common import check_lse_format, convert_lse, map_as_bool
 from ._env import call_with_fastvideo_env
 
 __all__ = ["block_sparse_attn_128", "block_sparse_attn_128_bshd", "block_sparse_attn_256",
@@ -22,7 +22,7 @@ __all__ = ["block_sparse_attn_128", "block_sparse_attn_128_bshd", "block_sparse_
 
 def _run(fn, q, k, v, block_map, sizes, lse_format):
     check_lse_format(lse_format)
-    out, lse = call_with_fastvideo_env(fn, q, k, v, map_as_bool(block_map), normal_tensor(sizes))
+    out, lse = call_with_fastvideo_env(fn, q, k, v, map_as_bool(block_map), sizes)
     return out, convert_lse(lse, lse_format)
 
 

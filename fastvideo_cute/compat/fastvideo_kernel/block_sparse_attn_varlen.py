@@ -38,7 +38,6 @@ from torch import Tensor
 
 from ...api_indices import _lists_to_op, check_index_lists, check_index_values, checked_once, values_unreadable
 from ...validation import check_block_sizes, check_qkv
-from ._common import normal_tensor
 from ._env import call_with_fastvideo_env
 
 __all__ = ["block_sparse_attn_varlen", "BLOCK_SIZE"]
@@ -171,8 +170,8 @@ def block_sparse_attn_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tens
     if n == 0:
         raise ValueError("q2k_idx_list must hold at least one sequence")
     num_list = _check_list("q2k_num_list", q2k_num_list, n)
-    kv_sizes = [normal_tensor(s) for s in _check_list("variable_block_sizes_list", variable_block_sizes_list, n)]
-    q_sizes = None if q_variable_block_sizes_list is None else [normal_tensor(s) for s in _check_list(
+    kv_sizes = [s for s in _check_list("variable_block_sizes_list", variable_block_sizes_list, n)]
+    q_sizes = None if q_variable_block_sizes_list is None else [s for s in _check_list(
         "q_variable_block_sizes_list", q_variable_block_sizes_list, n)]
     _check_cu("cu_seqlens_q", cu_seqlens_q, n, dev)
     _check_cu("cu_seqlens_kv", cu_seqlens_kv, n, dev)

@@ -16,7 +16,7 @@ from typing import Optional, Tuple, Union
 from torch import Tensor
 
 from ... import api
-from ._common import as_topk, normal_tensor, tile_elements
+from ._common import as_topk, tile_elements
 from ._env import call_with_fastvideo_env
 
 __all__ = ["video_sparse_attn", "video_sparse_attn_bshd"]
@@ -29,8 +29,8 @@ def video_sparse_attn(q: Tensor, k: Tensor, v: Tensor, variable_block_sizes: Ten
                       compress_attn_weight: Optional[Tensor] = None) -> Tensor:
     """VSA for ``[B, H, S, D]`` tensors in tile order; returns ``out_c * gate + out_s``."""
     tile, _ = tile_elements(block_size)
-    return call_with_fastvideo_env(api.video_sparse_attn, q, k, v, normal_tensor(variable_block_sizes),
-                                   normal_tensor(q_variable_block_sizes), as_topk(topk), tile, compress_attn_weight)
+    return call_with_fastvideo_env(api.video_sparse_attn, q, k, v, variable_block_sizes,
+                                   q_variable_block_sizes, as_topk(topk), tile, compress_attn_weight)
 
 
 def video_sparse_attn_bshd(q: Tensor, k: Tensor, v: Tensor, variable_block_sizes: Tensor,
@@ -39,5 +39,5 @@ def video_sparse_attn_bshd(q: Tensor, k: Tensor, v: Tensor, variable_block_sizes
                            compress_attn_weight: Optional[Tensor] = None) -> Tensor:
     """VSA for ``[B, S, H, D]`` tensors in tile order."""
     tile, _ = tile_elements(block_size)
-    return call_with_fastvideo_env(api.video_sparse_attn_bshd, q, k, v, normal_tensor(variable_block_sizes),
-                                   normal_tensor(q_variable_block_sizes), as_topk(topk), tile, compress_attn_weight)
+    return call_with_fastvideo_env(api.video_sparse_attn_bshd, q, k, v, variable_block_sizes,
+                                   q_variable_block_sizes, as_topk(topk), tile, compress_attn_weight)
