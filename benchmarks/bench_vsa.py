@@ -419,6 +419,49 @@ def replot(json_path, png_path) -> int:
     return 0
 
 
+def summarize(results: List[dict]) -> List[dict]:
+    """Per call class (mode, S, block, sparsity, grid): the best library route, the best
+    block-sparse peer (``SPARSE_PEERS``), and best route time / best peer time as ``speedup``
+    (> 1: the library is faster). ``overhead`` compares each named-backend route with the same
+    backend's raw kernel entry (fa4 vs fa4-bsparse, cudnn vs cudnn-bsa): route ms / kernel ms - 1."""
+    groups: Dict[tuple, List[dict]] = {}
+    for r in results:
+        if r["status"] == "ok" and r.get("ms"):
+            groups.setdefault(group_key(r), []).append(r)
+    rows = []
+    for key, rs in groups.items():
+        routes = [r for r in rs if r["kind"] == "route" and not r["name"].startswith("sm120")]
+        peers = [r for r in rs if r["kind"] == "peer" and r["name"] in SPARSE_PEERS]
+        if not routes:
+            continue
+        best_r = min(routes, key=lambda r: r["ms"])
+        row = {"mode": key[0], "seqlen": key[1], "block_size": key[2], "sparsity": key[3], "grid": key[4],
+               "tiles": best_r.get("tiles"), "best_route": best_r["name"], "best_route_ms": best_r["ms"],
+               "best_route_served_by": best_r.get("served_by")}
+        if peers:
+            best_p = min(peers, key=lambda r: r["ms"])
+            row.update(best_peer=best_p["name"], best_peer_ms=best_p["ms"], speedup=best_p["ms"] / best_r["ms"])
+        by_name = {r["name"]: r for r in rs}
+        row["overhead"] = {route: by_name[route]["ms"] / by_name[raw]["ms"] - 1 for route, raw in
+                           (("fa4", "fa4-bsparse"), ("cudnn", "cudnn-bsa")) if route in by_name and raw in by_name}
+        for route in ("default", "cute"):
+            if route in by_name:
+                row[f"{route}_ms"] = by_name[route]["ms"]
+        rows.append(row)
+    return rows
+
+
+def print_summary(rows: List[dict]) -> None:
+    print("\nsummary: best library route / best peer (block-sparse kernels, metadata prebuilt) per call class")
+    for s in rows:
+        where = f"grid={s['grid']}" if s.get("grid") else f"S={s['seqlen']}"
+        peer = (f"{s['best_peer']} {s['best_peer_ms']:.3f} ms -> x{s['speedup']:.3f}" if "best_peer" in s
+                else "no peer")
+        ovh = " ".join(f"{k} overhead {v * 100:+.1f}%" for k, v in s.get("overhead", {}).items())
+        print(f"  {s['mode']} {where} blk={s['block_size']} {s['tiles']}: {s['best_route']}"
+              f"[{s.get('best_route_served_by')}] {s['best_route_ms']:.3f} ms vs {peer}  {ovh}")
+
+
 def print_table(results: List[dict]) -> None:
     hdr = (f"{'mode':4} {'S':>6} {'blk':>4} {'spars':>6} {'entry':24} {'ms':>9} {'meta ms':>8} "
            f"{'eff TF/s':>9} {'TF/s':>7}  note")
@@ -567,14 +610,15 @@ class Runner:
         base = {64: "block_sparse_attn", 128: "block_sparse_attn_128", 256: "block_sparse_attn_256"}[block]
         return getattr(fc, base + suffix)
 
-    def _served_by(self, q, k, block, need_grad) -> Optional[str]:
-        try:
-            from fastvideo_cute import routes
+    @staticmethod
+    def _observe(fn):
+        """Run ``fn`` once and return the backend the ops dispatched to (from their counter)."""
+        from fastvideo_cute import ops
 
-            info = routes.call_info(q, k, block, need_grad, self.args.layout == "bshd")
-            return routes.select_route(info).name
-        except Exception:
-            return None
+        before = ops.dispatch_counts.copy()
+        fn()
+        ran = sorted({name for (name, _), n in ops.dispatch_counts.items() if n != before[(name, _)]})
+        return "+".join(ran) if ran else None
 
     def _metadata_ms(self, route: str, served_by: Optional[str], case: Case, mode: str) -> Optional[float]:
         """Time of the metadata build the route does inside the call (approximate for Triton)."""
@@ -634,16 +678,18 @@ class Runner:
             bshd = self.args.layout == "bshd"
             q, k, v = (case.bshd(t) if bshd else t for t in (case.q, case.k, case.v))
             with _route_env(route):
-                served = self._served_by(q, k, case.block, mode == "bwd")
                 if mode == "fwd":
                     with torch.no_grad():
-                        ms = self.bench(lambda: fn(q, k, v, case.block_map, case.sizes))
+                        call = lambda: fn(q, k, v, case.block_map, case.sizes)  # noqa: E731
+                        served = self._observe(call)
+                        ms = self.bench(call)
                 else:
                     q, k, v = (t.detach().requires_grad_(True) for t in (q, k, v))
                     out, _ = fn(q, k, v, case.block_map, case.sizes)
                     dout = case.bshd(case.dout) if bshd else case.dout
-                    ms = self.bench(lambda: torch.autograd.backward(out, dout, retain_graph=True),
-                                    grad_to_none=[q, k, v])
+                    call = lambda: torch.autograd.backward(out, dout, retain_graph=True)  # noqa: E731
+                    served = self._observe(call)
+                    ms = self.bench(call, grad_to_none=[q, k, v])
                 meta = self._metadata_ms(route, served, case, mode)
             return {"ms": ms, "metadata_ms": meta, "served_by": served}
 
@@ -725,6 +771,42 @@ class Runner:
         meta_ms = self.bench(lambda: A.build_bwd_metadata(case.block_map, case.sizes, bplan))
         return {"ms": ms, "metadata_ms": meta_ms, "extra": {"plan": bplan._asdict()}}
 
+    def _fastvideo_call(self, case, mode, force_triton: bool) -> dict:
+        """FastVideo's block_sparse_attn_from_indices with its index lists prebuilt (the kernel
+        it dispatches to: ThunderKittens on sm_90 when its extension loads, else Triton)."""
+        fvk = _import_fastvideo()
+        if case.block != 64:
+            raise _Skip("fastvideo-kernel's block_sparse_attn serves 64-token blocks")
+        from fastvideo_cute.metadata import map_to_index
+
+        idx, num = map_to_index(case.block_map)
+        tk = fvk.block_sparse_attn._get_sm90_ops()[0] is not None and not force_triton
+        path = "tk" if tk and fvk.block_sparse_attn._is_sm90() else "triton"
+        env = {"FASTVIDEO_VSA_TRITON": "1"} if force_triton else {}
+        with _env(env, clear=("FASTVIDEO_VSA_TRITON", "FASTVIDEO_KERNEL_VSA_FORCE_TRITON", "FASTVIDEO_VSA_TK")):
+            call = lambda a, b, c: fvk.block_sparse_attn_from_indices(a, b, c, idx, num, case.sizes)  # noqa: E731
+            out = self._dense_run(case, mode, call, case.q, case.k, case.v, case.dout)
+        out["extra"] = {"fastvideo_path": path, "fastvideo_C_loaded": fvk.block_sparse_attn._get_sm90_ops()[0]
+                        is not None}
+        return out
+
+    def _fastvideo(self, case, mode):
+        return self._fastvideo_call(case, mode, force_triton=False)
+
+    def _fastvideo_triton(self, case, mode):
+        return self._fastvideo_call(case, mode, force_triton=True)
+
+    def _cudnn_bsa(self, case, mode):
+        """cuDNN-frontend BSA through our adapter with its metadata prebuilt (the kernel plus the
+        padding pass the adapter needs when a tile is partial)."""
+        try:
+            from fastvideo_cute.adapters import cudnn_bsa as C
+
+            C.load_cudnn()
+        except ImportError as e:
+            raise _Skip(f"cuDNN-frontend not importable: {str(e).splitlines()[0]}")
+        return C.bench_entry(self, case, mode)
+
     def _flex(self, case, mode):
         torch = self.torch
         try:
@@ -759,6 +841,23 @@ class _Skip(Exception):
     pass
 
 
+def _import_fastvideo():
+    """fastvideo-kernel, with lazy symbol binding: its ThunderKittens extension was built for
+    torch 2.12 and loads on the device's torch only that way (one unused NCCL symbol is missing)."""
+    if "fastvideo_kernel" in sys.modules:
+        return sys.modules["fastvideo_kernel"]
+    old = sys.getdlopenflags()
+    sys.setdlopenflags(os.RTLD_LAZY | os.RTLD_GLOBAL)
+    try:
+        import fastvideo_kernel
+        import fastvideo_kernel.block_sparse_attn  # noqa: F401
+    except ImportError as e:
+        raise _Skip(f"fastvideo-kernel not importable: {e}")
+    finally:
+        sys.setdlopenflags(old)
+    return fastvideo_kernel
+
+
 def run_benchmark(args) -> dict:
     import torch
 
@@ -770,10 +869,12 @@ def run_benchmark(args) -> dict:
     t0 = time.time()
     print(f"bench_vsa: {env.get('gpu')} torch {env.get('torch')} triton {env.get('triton')} "
           f"cutlass-dsl {env.get('nvidia-cutlass-dsl')} flash-attn-4 {env.get('flash-attn-4')}", flush=True)
-    for seqlen in args.seqlens:
-        for block in args.block_size:
+    shapes = [(None, tile) for tile in args.tile] if args.grid is not None else \
+        [(seqlen, None) for seqlen in args.seqlens]
+    for seqlen, tile in shapes:
+        for block in ([None] if tile is not None else args.block_size):
             for sparsity in args.sparsity:
-                case = Case(args, seqlen, block, sparsity, "cuda")
+                case = Case(args, seqlen, block, sparsity, "cuda", tile=tile)
                 for mode in args.modes:
                     for route in args.routes:
                         if route == "sm120":
@@ -789,7 +890,7 @@ def run_benchmark(args) -> dict:
     return {"schema": 1, "name": name, "created": _dt.datetime.now().isoformat(timespec="seconds"),
             "seconds": time.time() - t0, "env": env, "config": config,
             "flops_note": "effective FLOPs = 4*B*H*D*selected_block_pairs*qblock*kvblock (fwd); bwd x2.5",
-            "results": runner.results}
+            "results": runner.results, "summary": summarize(runner.results)}
 
 
 def main(argv: Optional[Iterable[str]] = None) -> int:
@@ -800,6 +901,11 @@ def main(argv: Optional[Iterable[str]] = None) -> int:
     out = Path(args.out) if args.out else REPO / "benchmarks" / "results" / f"{payload['name']}.json"
     write_json(payload, out)
     print_table(payload["results"])
+    print_summary(payload["summary"])
+    if args.write_route_table:
+        from route_table_writer import write_route_table
+
+        print(f"route table: {write_route_table(payload, out, args.write_route_table)}")
     print(f"results: {out}")
     if args.plot:
         print(f"plot: {plot_results(payload, args.plot)}")

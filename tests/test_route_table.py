@@ -135,3 +135,42 @@ def test_a_stale_table_is_logged_once_and_ignored(tmp_path, monkeypatch, caplog)
 def test_table_off(monkeypatch):
     monkeypatch.setenv(route_table.TABLE_ENV, "off")
     assert route_table.active_route_table(["triton"]) is None
+
+
+def test_the_shipped_table_is_valid_and_names_its_results():
+    from pathlib import Path
+
+    from fastvideo_cute.backends import BACKENDS
+
+    if not route_table.DEFAULT_PATH.is_file():
+        pytest.skip("no route table shipped")
+    data = json.loads(route_table.DEFAULT_PATH.read_text())
+    table = parse_route_table(data, str(route_table.DEFAULT_PATH), BACKENDS, installed=lambda name: None)
+    repo = Path(__file__).resolve().parents[1]
+    for source in table.source.split(" + "):
+        assert (repo / source).is_file(), f"the table's results file {source} is not committed"
+
+
+def test_writer_ranks_backends_per_class(tmp_path):
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(
+        "route_table_writer", Path(__file__).resolve().parents[1] / "benchmarks" / "route_table_writer.py")
+    writer = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(writer)
+
+    def row(name, mode, ms, seqlen=32768, status="ok", tiles="full"):
+        return {"kind": "route", "name": name, "mode": mode, "block_size": 64, "tiles": tiles, "head_dim": 128,
+                "status": status, "ms": ms, "seqlen": seqlen}
+
+    payload = {"env": {"capability": [9, 0], "gpu": "H200", "git_commit": "abc", "triton": "3.6.0"},
+               "results": [row("triton", "fwd", 2.0), row("cudnn", "fwd", 1.0), row("fa4", "fwd", 1.5),
+                           row("triton", "fwd", 4.0, 65536), row("cudnn", "fwd", 3.5, 65536),
+                           row("fa4", "fwd", 1.0, 65536, status="error"),
+                           row("triton", "bwd", 2.0), row("cudnn", "bwd", 2.5), row("default", "bwd", 0.1)]}
+    table = writer.build_route_table(payload, "benchmarks/results/x.json")
+    orders = {(e["direction"], e["tiles"]): e["order"] for e in table["entries"]}
+    assert orders == {("fwd", "full"): ["cudnn", "triton"], ("bwd", "full"): ["triton", "cudnn"]}
+    parsed = parse_route_table(table, installed=lambda name: None)
+    assert parsed.order(("sm_90", 64, "fwd", "full", 128)) == ("cudnn", "triton")
