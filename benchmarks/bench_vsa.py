@@ -269,8 +269,11 @@ def write_json(payload: dict, path) -> Path:
 # a fixed table, so a panel missing an entry does not shift the others' colours.
 ENTRY_COLOURS = {
     # library routes
+    "default": "#000000",
     "triton": "#1f77b4",
     "cute": "#d62728",
+    "fa4": "#ad494a",
+    "cudnn": "#6b6ecf",
     "sm120": "#2ca02c",  # the sm120 route's "simple" variant
     # the sm120 route's other kernel variants (--sm120-variants)
     "sm120[simple_split]": "#98df8a",
@@ -289,6 +292,9 @@ ENTRY_COLOURS = {
     "flex": "#9467bd",
     "fa4-dense": "#ff7f0e",
     "fa4-bsparse": "#e377c2",
+    "cudnn-bsa": "#b5cf6b",
+    "fastvideo": "#e7ba52",
+    "fastvideo-triton": "#de9ed6",
 }
 # Entries the table does not name (a new variant or peer): a colour picked by a stable hash of the name.
 _SPARE_COLOURS = ("#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173", "#3182bd", "#e6550d", "#31a354")

@@ -37,7 +37,8 @@ def test_parse_args(bench):
     assert (a.batch, a.heads, a.head_dim) == (1, 12, 128)
     assert a.seqlens == [32768, 65536] and a.sparsity == [0.875]
     assert a.routes == ["triton", "cute"] and a.modes == ["fwd", "bwd"]
-    assert set(a.peers) == {"sdpa-flash", "sdpa-cudnn", "flex", "fa4-dense", "fa4-bsparse"}
+    assert set(a.peers) == {"sdpa-flash", "sdpa-cudnn", "flex", "fa4-dense", "fa4-bsparse", "cudnn-bsa", "fastvideo",
+                            "fastvideo-triton"}
     a = bench.parse_args(["--block-size", "64", "256", "--sparsity", "0.5", "0.875", "--routes", "cute",
                           "--peers", "fa4-bsparse", "--modes", "fwd", "--out", "x.json", "--plot", "x.png"])
     assert a.block_size == [64, 256] and a.sparsity == [0.5, 0.875] and a.routes == ["cute"]
@@ -68,7 +69,8 @@ def _synthetic_payload(bench):
             n = 32768 // block
             topk = bench.topk_for(sparsity, n)
             case = types.SimpleNamespace(
-                seqlen=32768, block=block, sparsity=sparsity, topk=topk, nblocks=n,
+                seqlen=32768, block=block, sparsity=sparsity, topk=topk, nblocks=n, grid=None, tile=None,
+                all_full=True,
                 flops={m: bench.case_flops(1, 12, 128, n, topk, block, m) for m in bench.MODES},
                 dense_flops={m: bench.dense_flops(1, 12, 128, 32768, 32768, m) for m in bench.MODES})
             for mode in ("fwd", "bwd"):
@@ -142,7 +144,7 @@ def test_env_context_sets_clears_and_restores(bench, monkeypatch):
     monkeypatch.setenv("FASTVIDEO_VSA_TRITON", "1")
     monkeypatch.delenv("FASTVIDEO_VSA_CUTEDSL", raising=False)
     monkeypatch.delenv("FASTVIDEO_VSA_BACKEND", raising=False)
-    with bench._env({"FASTVIDEO_VSA_BACKEND": "sm120"}, clear=bench.ROUTE_ENV.values()):
+    with bench._env({"FASTVIDEO_VSA_BACKEND": "sm120"}, clear=bench.ROUTE_VARS):
         assert os.environ["FASTVIDEO_VSA_BACKEND"] == "sm120"
         assert "FASTVIDEO_VSA_TRITON" not in os.environ
     assert os.environ["FASTVIDEO_VSA_TRITON"] == "1" and "FASTVIDEO_VSA_BACKEND" not in os.environ
@@ -255,3 +257,18 @@ def test_chart_gives_each_entry_one_colour_in_every_panel(bench, tmp_path):
     present = set(map(tuple, pixels.tolist()))
     for name in seen:
         assert _rgb(bench.entry_colour(name)) in present, name
+
+
+def test_summary_compares_the_best_route_with_the_best_sparse_peer(bench):
+    payload = _synthetic_payload(bench)
+    rows = bench.summarize(payload["results"])
+    assert rows and all(r["best_route"] == "cute" and r["best_peer"] == "fa4-bsparse" for r in rows)
+    assert all(r["speedup"] == pytest.approx(0.9) for r in rows)  # 0.9 ms peer / 1.0 ms route
+    bench.print_summary(rows)
+
+
+def test_grid_arguments(bench):
+    a = bench.parse_args(["--grid", "21", "30", "52", "--tile", "4", "4", "4", "--tile", "2", "8", "8"])
+    assert a.grid == [21, 30, 52] and a.tile == [[4, 4, 4], [2, 8, 8]]
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--grid", "21", "30", "52"])
