@@ -193,7 +193,8 @@ def _check_qkv(q, k, v, bshd: bool):
         if t.stride(-1) != 1:
             raise ValueError(f"{name} must have a unit last (head_dim) stride, got strides {t.stride()}")
         if t.dtype != q.dtype or t.device != q.device:
-            raise ValueError(f"{name} must have q's dtype and device ({q.dtype}, {q.device}), got {t.dtype}, {t.device}")
+            raise ValueError(f"{name} must have q's dtype and device ({q.dtype}, {q.device}), "
+                             f"got {t.dtype}, {t.device}")
     b, h, sq, d = _dims(q, bshd)
     bk, hk, skv, dk = _dims(k, bshd)
     if k.shape != v.shape:
@@ -229,7 +230,8 @@ def _aligned(t: torch.Tensor) -> torch.Tensor:
 def _contiguous_out(x: torch.Tensor, like: torch.Tensor, name: str) -> torch.Tensor:
     """cuDNN's outputs are already ``empty_like(like, memory_format=contiguous_format)``; check it."""
     if x.shape != like.shape or x.dtype != like.dtype:
-        raise RuntimeError(f"cuDNN returned {name} {x.dtype} {tuple(x.shape)}, expected {like.dtype} {tuple(like.shape)}")
+        raise RuntimeError(f"cuDNN returned {name} {x.dtype} {tuple(x.shape)}, "
+                           f"expected {like.dtype} {tuple(like.shape)}")
     return x.contiguous()
 
 
@@ -238,11 +240,12 @@ def _contiguous_out(x: torch.Tensor, like: torch.Tensor, name: str) -> torch.Ten
 # ----------------------------------------------------------------------------------------------
 
 
-def padding_plan(all_full: bool, need_backward: bool) -> Tuple[str, ...]:
-    """Which of K / V the forward sanitizes: none when every kv block is full, ``("v",)`` for an
-    inference forward (only V leaks there), ``("k", "v")`` when a backward follows (it needs both,
-    and they are made once, here)."""
-    if all_full:
+def padding_plan(all_full: bool, need_backward: bool, padding_finite: bool = False) -> Tuple[str, ...]:
+    """Which of K / V the forward sanitizes: none when every kv block is full (or the caller
+    promises finite padding: ``0 * finite = 0`` cannot leak), ``("v",)`` for an inference forward
+    (only V leaks there), ``("k", "v")`` when a backward follows (it needs both, and they are made
+    once, here)."""
+    if all_full or padding_finite:
         return ()
     return ("k", "v") if need_backward else ("v",)
 
@@ -287,7 +290,7 @@ def cudnn_bwd_prebuilt(dout, q, k, v, out, lse, meta: CudnnBlockSparseMeta, *, b
 
 def cudnn_block_sparse_fwd(q, k, v, q2k_idx, q2k_num, kv_block_sizes, *, block_size: int, bshd: bool,
                            softmax_scale: Optional[float], all_full: bool, need_backward: bool = False,
-                           rows_nonempty: bool = False):
+                           rows_nonempty: bool = False, padding_finite: bool = False):
     """Block-sparse attention forward through cuDNN: ``(out, lse, saved)``.
 
     ``q/k/v``: the call layout (``[B, S, H, D]`` if ``bshd`` else ``[B, H, S, D]``), any strides
@@ -297,6 +300,8 @@ def cudnn_block_sparse_fwd(q, k, v, q2k_idx, q2k_num, kv_block_sizes, *, block_s
     ``need_backward``: a backward will follow, so K is sanitized here too and kept in ``saved``.
     ``rows_nonempty``: the caller's promise that every query block selects a block with a valid
     key (lets cuDNN drop its empty-row handling; a false promise gives NaN rows).
+    ``padding_finite``: the caller's promise that K/V padding holds finite values of moderate size
+    (e.g. the zeros ``to_tiles`` writes): nothing is copied (a false promise lets NaN/Inf leak).
 
     Returns ``out`` shaped and strided as ``empty_like(q, memory_format=torch.contiguous_format)``,
     ``lse`` fp32 ``[B, H, S_q]`` natural log (``-inf`` and out = 0 on rows with no valid key),
@@ -307,7 +312,7 @@ def cudnn_block_sparse_fwd(q, k, v, q2k_idx, q2k_num, kv_block_sizes, *, block_s
                      heads=h, bshd=bshd, all_full=all_full)
     meta = build_cudnn_metadata(q2k_idx, q2k_num, kv_block_sizes, block_size=block_size, batch=b, heads=h,
                                 q_len=sq, kv_len=skv, all_full=all_full)
-    plan = padding_plan(all_full, need_backward)
+    plan = padding_plan(all_full, need_backward, padding_finite)
     k_clean = v_clean = None
     if plan:
         k_clean, v_clean = _sanitize(k if "k" in plan else None, v, kv_block_sizes, block_size, bshd)
@@ -322,13 +327,14 @@ def cudnn_block_sparse_fwd(q, k, v, q2k_idx, q2k_num, kv_block_sizes, *, block_s
 
 def cudnn_block_sparse_bwd(dout, q, k, v, out, lse, q2k_idx, q2k_num, kv_block_sizes, *, block_size: int,
                            bshd: bool, softmax_scale: Optional[float], all_full: bool,
-                           saved: Optional[CudnnSaved] = None):
+                           saved: Optional[CudnnSaved] = None, padding_finite: bool = False):
     """Backward of :func:`cudnn_block_sparse_fwd`: ``(dq, dk, dv)``, each shaped and strided as
     ``empty_like(x, memory_format=torch.contiguous_format)`` of its input.
 
     ``saved``: the forward's :class:`CudnnSaved` (its sanitized K/V and metadata are reused);
     without it (or for what it lacks) the metadata is rebuilt and K/V sanitized here when some kv
-    block is partial. Pass the same ``all_full`` as the forward. Padded keys get dk = dv = 0.
+    block is partial. Pass the same ``all_full`` (and ``padding_finite``) as the forward. Padded
+    keys get dk = dv = 0.
     """
     b, h, sq, skv, d = _check_qkv(q, k, v, bshd)
     for name, t in (("out", out), ("dout", dout)):
@@ -350,7 +356,7 @@ def cudnn_block_sparse_bwd(dout, q, k, v, out, lse, q2k_idx, q2k_num, kv_block_s
                                     q_len=sq, kv_len=skv, all_full=all_full)
     k_run = saved.k if saved is not None else None
     v_run = saved.v if saved is not None else None
-    if not all_full and (k_run is None or v_run is None):
+    if padding_plan(all_full, True, padding_finite) and (k_run is None or v_run is None):
         k_new, v_new = _sanitize(k if k_run is None else None, v if v_run is None else None, kv_block_sizes,
                                  block_size, bshd)
         k_run = k_run if k_run is not None else k_new

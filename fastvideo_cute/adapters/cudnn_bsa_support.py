@@ -81,7 +81,8 @@ def cudnn_support(arch, dtype, head_dim: int, block_size: int, need_grad: bool, 
     family = arch_i // 10
     name = f"sm_{arch_i}"
     if family not in (9, 10, 11, 12):
-        return False, f"cuDNN BSA forward serves sm_90, sm_100/sm_103, sm_110 and sm_120/sm_121 only; this GPU is {name}"
+        return False, (f"cuDNN BSA forward serves sm_90, sm_100/sm_103, sm_110 and sm_120/sm_121 only; "
+                       f"this GPU is {name}")
     if block_size not in CUDNN_PHYSICAL_TILE:
         return False, f"logical block size must be one of {tuple(CUDNN_PHYSICAL_TILE)}, got {block_size}"
     tile = CUDNN_PHYSICAL_TILE[block_size]

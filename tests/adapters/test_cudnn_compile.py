@@ -237,6 +237,10 @@ def _variants(arch: str):
     for block in (64, 128, 256):
         cand += [(f"bwd{block}-partial-bshd", "bwd", block, True, "bshd", 3 * block, 5 * block, H, bf16),
                  (f"bwd{block}-full-bshd", "bwd", block, False, "bshd", 3 * block, 5 * block, H, bf16)]
+    cand += [("fwd64-partial-bhsdview", "fwd", 64, True, "bhsd_view", 192, 320, H, bf16),
+             ("fwd128-partial-bhsdview", "fwd", 128, True, "bhsd_view", 384, 640, H, bf16),
+             ("bwd64-partial-bhsdview", "bwd", 64, True, "bhsd_view", 192, 320, H, bf16),
+             ("bwd128-partial-bhsdview", "bwd", 128, True, "bhsd_view", 384, 640, H, bf16)]
     cand += [("bwd128-partial-bhsd", "bwd", 128, True, "bhsd", 384, 640, H, bf16),
              # B*H*KVb >= 1024: SM100's paired-KV blk64 backward (production sizes take it)
              ("bwd64-paired-bshd", "bwd", 64, True, "bshd", 8192, 8192, 4, bf16)]
@@ -336,8 +340,13 @@ def _worker(arch: str, out_dir: Path) -> dict:
             with FakeTensorMode():
                 qshape = (B, sq, heads, D) if bshd else (B, heads, sq, D)
                 kshape = (B, skv, heads, D) if bshd else (B, heads, skv, D)
-                q = torch.empty(qshape, dtype=dtype, device="cuda")
-                k, v = (torch.empty(kshape, dtype=dtype, device="cuda") for _ in range(2))
+                if layout == "bhsd_view":  # [B, H, S, D] views of BSHD storage (strided, no copy)
+                    q = torch.empty(B, sq, heads, D, dtype=dtype, device="cuda").transpose(1, 2)
+                    k, v = (torch.empty(B, skv, heads, D, dtype=dtype, device="cuda").transpose(1, 2)
+                            for _ in range(2))
+                else:
+                    q = torch.empty(qshape, dtype=dtype, device="cuda")
+                    k, v = (torch.empty(kshape, dtype=dtype, device="cuda") for _ in range(2))
                 fmeta = _fake_meta(meta, cc, direction, heads)
                 if direction == "fwd":
                     o, lse = C.cudnn_fwd_prebuilt(q, k, v, fmeta, bshd=bshd, softmax_scale=D ** -0.5)
@@ -353,8 +362,10 @@ def _worker(arch: str, out_dir: Path) -> dict:
                     dv = torch.empty_like(v, memory_format=torch.contiguous_format)
                     gq, gk, gv = C.cudnn_bwd_prebuilt(do, q, k, v, o, lse, fmeta, bshd=bshd, softmax_scale=D ** -0.5,
                                                       dq=dq, dk=dk, dv=dv)
-                    got = {n: (tuple(x.shape), x.stride(), str(x.dtype)) for n, x in (("dq", gq), ("dk", gk), ("dv", gv))}
-                    want_c = {n: (tuple(x.shape), x.stride(), str(x.dtype)) for n, x in (("dq", dq), ("dk", dk), ("dv", dv))}
+                    got = {n: (tuple(x.shape), x.stride(), str(x.dtype))
+                           for n, x in (("dq", gq), ("dk", gk), ("dv", gv))}
+                    want_c = {n: (tuple(x.shape), x.stride(), str(x.dtype))
+                              for n, x in (("dq", dq), ("dk", dk), ("dv", dv))}
                 res["contract"] = {"got": got, "want": want_c}
                 res["contract_ok"] = got == want_c
         except Exception as exc:  # report, keep going

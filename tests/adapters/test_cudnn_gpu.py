@@ -267,6 +267,33 @@ def test_all_full_blocks_without_block_sizes(block):
         _check(name, ref, got, GRAD_TOL)
 
 
+@pytest.mark.parametrize("block", [64, 128])
+def test_finite_padding_promise_skips_the_copy(block):
+    """padding_finite=True (zeros in the padding, as to_tiles writes): nothing is sanitized and the
+    results still match the reference, forward and backward."""
+    _need(block, True)
+    q, k, v, block_map, sizes = _make(block, seed=80 + block)
+    pos = torch.arange(block, device=DEV)
+    pad = (pos[None, :] >= sizes[:, None]).reshape(-1)
+    k, v = k.clone(), v.clone()
+    k[:, pad] = 0
+    v[:, pad] = 0
+    dout = torch.randn(q.shape, device=DEV, dtype=torch.bfloat16)
+    idx, num = map_to_index(block_map)
+    out, lse, saved = C.cudnn_block_sparse_fwd(q, k, v, idx, num, sizes, block_size=block, bshd=True,
+                                               softmax_scale=None, all_full=False, need_backward=True,
+                                               padding_finite=True)
+    assert saved.k is None and saved.v is None
+    dq, dk, dv = C.cudnn_block_sparse_bwd(dout, q, k, v, out, lse, idx, num, sizes, block_size=block, bshd=True,
+                                          softmax_scale=None, all_full=False, saved=saved, padding_finite=True)
+    ref_out, _, (rdq, rdk, rdv) = _reference(q, k, v, block_map, sizes, block, "bshd", dout=dout)
+    print(f"[finite padding block={block}]")
+    _check("out", ref_out, out, OUT_TOL)
+    for name, ref, got in (("dq", rdq, dq), ("dk", rdk, dk), ("dv", rdv, dv)):
+        _check(name, ref, got, GRAD_TOL)
+    assert torch.count_nonzero(dk[:, pad]) == 0 and torch.count_nonzero(dv[:, pad]) == 0
+
+
 @pytest.mark.parametrize("block", [64, 128, 256])
 @pytest.mark.parametrize("qb, kvb", [(2, 7), (5, 2)])
 def test_q_len_differs_from_kv_len(block, qb, kvb):

@@ -142,6 +142,7 @@ def test_padding_plan():
     assert C.padding_plan(all_full=True, need_backward=False) == ()
     assert C.padding_plan(all_full=False, need_backward=False) == ("v",)
     assert C.padding_plan(all_full=False, need_backward=True) == ("k", "v")
+    assert C.padding_plan(all_full=False, need_backward=True, padding_finite=True) == ()
 
 
 def test_pins_and_version_problems(monkeypatch):
