@@ -175,10 +175,15 @@ def select_route(info: CallInfo) -> Backend:
     return select_routes(info)[0]
 
 
-@torch._dynamo.assume_constant_result
 def _select_names_traced(*fields) -> str:
     fwd, bwd = select_routes(CallInfo(*fields))
     return fwd.name + ROUTE_SEP + bwd.name
+
+
+# What ``torch._dynamo.assume_constant_result`` does (it only sets this attribute), without
+# importing torch._dynamo (and, through it, Triton) when the package is imported; a test checks
+# Dynamo still treats the call as a constant.
+_select_names_traced._dynamo_marked_constant = True
 
 
 def select_route_name(info: CallInfo) -> str:

@@ -18,7 +18,8 @@ def _run(code, **extra_env):
 
 def test_import_does_not_load_cute_fa4_or_kernels():
     mods = _run("import json, sys, fastvideo_cute; print(json.dumps(sorted(sys.modules)))")
-    heavy = [m for m in mods if m.startswith(("cutlass", "flash_attn", "quack", "fastvideo_cute.kernels"))]
+    heavy = [m for m in mods if m.startswith(("cutlass", "flash_attn", "quack", "fastvideo_cute.kernels", "triton",
+                                              "torch._dynamo", "cudnn", "fastvideo_cute.warmup"))]
     assert heavy == []
 
 

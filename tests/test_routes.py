@@ -103,3 +103,11 @@ def test_triton_refuses_grid_past_its_limit(monkeypatch):
 
 def test_call_fields_follow_the_dataclass():
     assert routes.CALL_FIELDS == tuple(f.name for f in dataclasses.fields(CallInfo))
+
+
+def test_the_traced_selection_is_a_dynamo_constant():
+    import torch._dynamo.decorators as decorators
+
+    probe = decorators.assume_constant_result(lambda: None)
+    assert getattr(probe, "_dynamo_marked_constant", False)  # the attribute Dynamo reads
+    assert routes._select_names_traced._dynamo_marked_constant is True

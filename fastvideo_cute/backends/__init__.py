@@ -6,13 +6,14 @@ from __future__ import annotations
 
 from . import registry
 from .base import Backend, CompileKey
+from .cudnn_backend import CudnnBackend
 from .fa4_backend import FA4Backend
 from .registry import REGISTRY as BACKENDS
 from .sm100_backend import Sm100Backend
 from .sm120_backend import Sm120Backend
 from .triton_backend import TritonBackend
 
-for _backend in (TritonBackend(), FA4Backend(), Sm120Backend(), Sm100Backend()):
+for _backend in (TritonBackend(), FA4Backend(), CudnnBackend(), Sm120Backend(), Sm100Backend()):
     registry.register(_backend)
 
 __all__ = ["BACKENDS", "Backend", "CompileKey", "registry"]
