@@ -1,0 +1,68 @@
+"""On a GPU: the forward and the backward of one call on different backends (what the route
+table may choose) agree with the fp32 reference, because every backend that returns an LSE
+follows one contract (natural log, fp32 [B, H, S_q], -inf for rows without a key)."""
+
+import json
+
+import pytest
+import torch
+
+import fastvideo_cute as fvc
+from fastvideo_cute import ops, route_table
+from fastvideo_cute.backends import BACKENDS
+from fastvideo_cute.call import call_info
+from fastvideo_cute.reference import block_sparse_attn_reference
+
+pytestmark = pytest.mark.gpu
+OUT_TOL, GRAD_TOL = 1e-2, 2e-2  # bf16 vs fp32 reference (tests/test_gpu_cute_route.py)
+
+
+def _nerr(a, b):
+    return ((a.float() - b.float()).abs().max() / b.float().abs().max().clamp(min=1e-6)).item()
+
+
+PAIRS = [("fa4", "triton"), ("triton", "fa4"), ("cudnn", "triton"), ("fa4", "cudnn"), ("cudnn", "fa4"),
+         ("triton", "cudnn")]
+
+
+@pytest.mark.parametrize("fwd,bwd", PAIRS)
+@pytest.mark.parametrize("bshd", [False, True])
+def test_forward_and_backward_on_different_backends(tmp_path, monkeypatch, fwd, bwd, bshd):
+    torch.manual_seed(7)
+    block, b, h, d, nb = 128, 2, 2, 128, 4
+    shape = (b, nb * block, h, d) if bshd else (b, h, nb * block, d)
+    q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    sizes = torch.tensor([block, 70, 0, block], dtype=torch.int32, device="cuda")
+    m = torch.rand(b, h, nb, nb, device="cuda") < 0.6
+    m[0, 1, 2] = False  # a row with no block
+    info = call_info(q, k, block, True, bshd, True, None)
+    for name in (fwd, bwd):
+        ok, why = BACKENDS[name].support(info)
+        if not ok:
+            pytest.skip(f"{name}: {why}")
+    arch = "sm_{}{}".format(*torch.cuda.get_device_capability())
+    table = {"schema": 1, "source": "test", "measured_with": {}, "entries": [
+        {"arch": arch, "block_size": block, "direction": "fwd", "tiles": "partial", "head_dim": d, "order": [fwd]},
+        {"arch": arch, "block_size": block, "direction": "bwd", "tiles": "partial", "head_dim": d, "order": [bwd]}]}
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(table))
+    monkeypatch.setenv(route_table.TABLE_ENV, str(path))
+    for var in ("FASTVIDEO_VSA_TRITON", "FASTVIDEO_VSA_CUTEDSL", "FASTVIDEO_VSA_BACKEND"):
+        monkeypatch.delenv(var, raising=False)
+    fn = fvc.block_sparse_attn_128_bshd if bshd else fvc.block_sparse_attn_128
+    before = ops.dispatch_counts.copy()
+    out, lse = fn(q, k, v, m, sizes)
+    dout = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    ran = {key: n - before[key] for key, n in ops.dispatch_counts.items() if n != before[key]}
+    if not (BACKENDS[fwd].verified_on(torch.cuda.get_device_capability())
+            and BACKENDS[bwd].verified_on(torch.cuda.get_device_capability())):
+        pytest.skip("the table only picks backends verified on this arch")
+    assert ran == {(fwd, "fwd"): 1, (bwd, "bwd"): 1}, ran
+    tb = (lambda x: x.transpose(1, 2)) if bshd else (lambda x: x)
+    ref, ref_lse = block_sparse_attn_reference(tb(q), tb(k), tb(v), m, sizes, block)
+    refg = torch.autograd.grad(ref, (q, k, v), tb(dout).float())
+    errs = [_nerr(tb(out), ref)] + [_nerr(g, r) for g, r in zip(grads, refg)]
+    print(f"\n[{fwd}>{bwd} bshd={bshd}] " + " ".join(f"{e:.2e}" for e in errs))
+    assert errs[0] < OUT_TOL and max(errs[1:]) < GRAD_TOL
+    assert torch.equal(torch.isneginf(lse), ~torch.isfinite(ref_lse))
