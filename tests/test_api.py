@@ -210,7 +210,7 @@ def test_torch_compile_fullgraph_traces(which):
     ("k_dtype", "k must have q's dtype"),
     ("kv_shape", "k and v must have the same shape"),
     ("heads", "batch and heads must match"),
-    ("head_dim", "head_dim must be one of \\(32, 64, 128\\)"),
+    ("head_dim", r"head_dim must be one of \(32, 64, 96, 128\) \(the head dims a route serves\), got 12"),
     ("seq", "sequence length 100 must be a positive multiple"),
     ("map_dtype", "block_map must be a bool tensor"),
     ("map_shape", "block_map must have shape"),
