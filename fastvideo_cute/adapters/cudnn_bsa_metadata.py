@@ -54,6 +54,7 @@ __all__ = [
     "CudnnBlockSparseMeta",
     "build_cudnn_metadata",
     "expand_q2k_lists",
+    "drop_empty_blocks",
     "cudnn_lse_to_contract",
 ]
 
@@ -85,6 +86,23 @@ def expand_q2k_lists(q2k_idx: torch.Tensor, q2k_num: torch.Tensor, factor: int):
     num = q2k_num.to(torch.int32) * factor
     phys_num = num.unsqueeze(-1).expand(*num.shape, factor).reshape(*num.shape[:-1], num.shape[-1] * factor)
     return phys_idx.contiguous(), phys_num.contiguous()
+
+
+def drop_empty_blocks(q2k_idx: torch.Tensor, q2k_num: torch.Tensor, block_sizes: torch.Tensor):
+    """The lists without the kv blocks of size 0 (they hold no key, so dropping them changes no
+    result): each row keeps its other selected ids first, in order, and the filler past the new
+    ``num`` is still made of valid, unique ids. Measured on the H200: cuDNN 1.32's backward gives
+    wrong dV (and dK) when a list names a block of size 0, so the adapter never hands it one.
+    On-device torch ops, no host sync."""
+    width = q2k_idx.shape[-1]
+    slots = torch.arange(width, device=q2k_idx.device, dtype=torch.int32)
+    keep = (slots < q2k_num.unsqueeze(-1)) & (block_sizes[q2k_idx.long()] > 0)
+    csum = torch.cumsum(keep, dim=-1, dtype=torch.int32)
+    num = csum[..., -1]
+    slot = torch.where(keep, csum - 1, num.unsqueeze(-1) + slots - csum)
+    idx = torch.empty_like(q2k_idx, dtype=torch.int32)
+    idx.scatter_(-1, slot.long(), q2k_idx.to(torch.int32))
+    return idx, num.contiguous()
 
 
 def _check_int_tensor(name: str, t, dims: int) -> None:
@@ -128,6 +146,8 @@ def build_cudnn_metadata(q2k_idx: torch.Tensor, q2k_num: torch.Tensor, kv_block_
     factor = block_size // tile
     idx, num = expand_q2k_lists(q2k_idx, q2k_num, factor)
     sizes = None if all_full else split_block_sizes(kv_block_sizes, factor, tile)
+    if sizes is not None:
+        idx, num = drop_empty_blocks(idx, num, sizes)
     meta = CudnnBlockSparseMeta(tile, idx, num, sizes)
     _check_built(meta, batch, heads, q_len // tile, kv_len // tile, q2k_idx.shape[3] * factor)
     return meta

@@ -77,7 +77,7 @@ __all__ = [
     "fa4_block_sparse_bwd",
     "fa4_block_sparse_fwd_prebuilt",
     "fa4_block_sparse_bwd_prebuilt",
-    "zero_kv_padding",
+    "zeroed_kv_padding",
 ]
 
 # ----------------------------------------------------------------------------------------------
@@ -156,7 +156,7 @@ def _require_support(q_dtype, head_dim, block_size, need_grad):
 # ----------------------------------------------------------------------------------------------
 
 
-def zero_kv_padding(k: torch.Tensor, v: torch.Tensor, meta: FA4Metadata):
+def zeroed_kv_padding(k: torch.Tensor, v: torch.Tensor, meta: FA4Metadata):
     """Out-of-place copies of k/v with the padded tail of every kv tile set to 0.
 
     Needed only when padded keys may hold NaN/Inf: FA4 reads a PARTIAL tile whole, and although
@@ -225,7 +225,7 @@ def fa4_block_sparse_fwd(q, k, v, block_map, kv_block_sizes, *, block_size: int,
     serve the backward of this call; the forward itself is identical either way (the backward
     metadata is built by :func:`fa4_block_sparse_bwd`, never here).
     ``zero_kv_padding``: set it when padded keys (positions at or past ``kv_block_sizes``) may
-    hold NaN/Inf; see :func:`_zero_kv_padding` (FA4 would otherwise return NaN rows).
+    hold NaN/Inf; see :func:`zeroed_kv_padding` (FA4 would otherwise return NaN rows).
     ``all_full``: the caller's promise that every kv block is full (sizes == block_size), e.g.
     from a cached range check; the partial lists are then empty and not built. A false promise
     gives wrong results, so only pass what was checked.
@@ -238,7 +238,7 @@ def fa4_block_sparse_fwd(q, k, v, block_map, kv_block_sizes, *, block_size: int,
     arch = _require_support(q.dtype, d, block_size, bool(need_backward))
     meta = build_fwd_metadata(block_map, kv_block_sizes, fa4_fwd_plan(arch, block_size), all_full)
     if zero_kv_padding and not all_full:
-        k, v = zero_kv_padding(k, v, meta)
+        k, v = zeroed_kv_padding(k, v, meta)
     return fa4_block_sparse_fwd_prebuilt(q, k, v, meta, softmax_scale=softmax_scale)
 
 
@@ -267,5 +267,5 @@ def fa4_block_sparse_bwd(q, k, v, out, dout, lse, block_map, kv_block_sizes, *, 
     arch = _require_support(q.dtype, d, block_size, True)
     meta = build_bwd_metadata(block_map, kv_block_sizes, fa4_bwd_plan(arch, block_size), all_full)
     if zero_kv_padding and not all_full:
-        k, v = zero_kv_padding(k, v, meta)
+        k, v = zeroed_kv_padding(k, v, meta)
     return fa4_block_sparse_bwd_prebuilt(q, k, v, out, dout, lse, meta, softmax_scale=softmax_scale)

@@ -13,7 +13,7 @@ import torch
 
 from ..adapters.fa4 import (build_bwd_metadata, build_fwd_metadata, fa4_arch, fa4_block_sparse_bwd_prebuilt,
                             fa4_block_sparse_fwd_prebuilt, fa4_bwd_plan, fa4_fwd_plan, fa4_support,
-                            fa4_version_problems, sm90_bwd_tile_m, zero_kv_padding)
+                            fa4_version_problems, sm90_bwd_tile_m, zeroed_kv_padding)
 from ..adapters.fa4_plan import FA4_HEAD_DIMS
 from ..call import CallInfo
 from ..validation import has_partial_blocks
@@ -74,7 +74,7 @@ class FA4Backend:
         meta = build_fwd_metadata(block_map, kv_block_sizes, fa4_fwd_plan(fa4_arch(), block_size), not partial)
         qs, ks, vs = (_bshd_view(x, bshd) for x in (q, k, v))
         if partial:
-            ks, vs = zero_kv_padding(ks, vs, meta)
+            ks, vs = zeroed_kv_padding(ks, vs, meta)
         out, lse = fa4_block_sparse_fwd_prebuilt(qs, ks, vs, meta, softmax_scale=sm_scale)
         out = out if bshd else out.transpose(1, 2)
         return out.contiguous(), lse
@@ -85,7 +85,7 @@ class FA4Backend:
         meta = build_bwd_metadata(block_map, kv_block_sizes, fa4_bwd_plan(fa4_arch(), block_size), not partial)
         qs, ks, vs, os_, dos = (_bshd_view(x, bshd) for x in (q, k, v, out, dout))
         if partial:
-            ks, vs = zero_kv_padding(ks, vs, meta)
+            ks, vs = zeroed_kv_padding(ks, vs, meta)
         dq, dk, dv = fa4_block_sparse_bwd_prebuilt(qs, ks, vs, os_, dos, lse, meta, softmax_scale=sm_scale)
         if not bshd:
             dq, dk, dv = (t.transpose(1, 2) for t in (dq, dk, dv))

@@ -128,10 +128,13 @@ def test_empty_rows_and_q_len_differs_from_kv_len():
 def test_int64_inputs_are_converted_and_no_copy_for_int32():
     block_map, sizes = _case(1, 2, 2, 3, 128, seed=5)
     idx, num = map_to_index(block_map)
+    full = build_cudnn_metadata(idx, num, torch.full_like(sizes, 128), block_size=128, batch=1, heads=2, q_len=256,
+                                kv_len=384, all_full=True)
+    assert full.q2k_block_index.data_ptr() == idx.data_ptr()  # 64/128, all full: passed through, no copy
+    assert full.q2k_block_nums.data_ptr() == num.data_ptr()
+    # Partial blocks: the lists are rebuilt without size-0 blocks (see drop_empty_blocks).
     meta = build_cudnn_metadata(idx, num, sizes, block_size=128, batch=1, heads=2, q_len=256, kv_len=384,
                                 all_full=False)
-    assert meta.q2k_block_index.data_ptr() == idx.data_ptr()  # 64/128: passed through, no copy
-    assert meta.q2k_block_nums.data_ptr() == num.data_ptr()
     meta64 = build_cudnn_metadata(idx.long(), num.long(), sizes.long(), block_size=128, batch=1, heads=2,
                                   q_len=256, kv_len=384, all_full=False)
     for a, c in zip(meta, meta64):
@@ -179,3 +182,37 @@ def test_lse_conversion_is_the_identity_on_the_contract_layout():
 def test_lse_off_contract_raises(lse):
     with pytest.raises(RuntimeError, match="float32"):
         cudnn_lse_to_contract(lse, 2, 3, 128)
+
+
+def test_size_zero_blocks_are_dropped_from_the_lists():
+    from fastvideo_cute.adapters.cudnn_bsa_metadata import drop_empty_blocks
+    from fastvideo_cute.metadata import map_to_index
+
+    g = torch.Generator().manual_seed(3)
+    m = torch.rand(2, 3, 6, 7, generator=g) < 0.5
+    sizes = torch.tensor([64, 0, 10, 0, 64, 1, 0], dtype=torch.int32)
+    idx, num = map_to_index(m)
+    new_idx, new_num = drop_empty_blocks(idx, num, sizes)
+    want_idx, want_num = map_to_index(m & (sizes > 0))
+    assert torch.equal(new_num, want_num)
+    for b in range(2):
+        for h in range(3):
+            for r in range(6):
+                n = int(new_num[b, h, r])
+                assert new_idx[b, h, r, :n].tolist() == want_idx[b, h, r, :n].tolist()
+                assert sorted(new_idx[b, h, r].tolist()) == list(range(7))  # filler: valid, unique ids
+
+
+def test_metadata_never_names_a_size_zero_block():
+    from fastvideo_cute.adapters.cudnn_bsa_metadata import build_cudnn_metadata
+    from fastvideo_cute.metadata import map_to_index
+
+    m = torch.ones(1, 1, 2, 3, dtype=torch.bool)
+    sizes = torch.tensor([256, 1, 0], dtype=torch.int32)  # 256 -> tiles [128,128] [1,0] [0,0]
+    idx, num = map_to_index(m)
+    meta = build_cudnn_metadata(idx, num, sizes, block_size=256, batch=1, heads=1, q_len=512, kv_len=768,
+                                all_full=False)
+    phys = meta.block_sizes
+    for r in range(4):
+        n = int(meta.q2k_block_nums[0, 0, r])
+        assert n == 3 and all(int(phys[j]) > 0 for j in meta.q2k_block_index[0, 0, r, :n])
