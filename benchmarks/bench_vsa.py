@@ -5,8 +5,8 @@ Routes (the public API, route picked per call by env vars read at call time):
   triton  FASTVIDEO_VSA_TRITON=1   -> fastvideo_cute.block_sparse_attn{,_128,_256}[_bshd]
   cute    FASTVIDEO_VSA_CUTEDSL=1  -> same functions; the route actually taken is recorded
   sm120   our mma.sync + TMA forward (FASTVIDEO_VSA_BACKEND=sm120), forward only, 128/256 blocks,
-          one entry per kernel variant (--sm120-variants), through the op video_sparse_attn's
-          sparse branch calls (no LSE), map_to_index included
+          one entry per kernel mode (--sm120-variants; default: the adapter's per-arch choice),
+          through the op video_sparse_attn's sparse branch calls (no LSE), map_to_index included
 Peers:
   sdpa-flash / sdpa-cudnn  torch SDPA, dense, with that backend forced (torch.nn.attention.sdpa_kernel)
   flex                     torch FlexAttention (compiled) with an equivalent BlockMask
