@@ -71,21 +71,15 @@ _FWD64 = CuteKernelSpec(
 
 # The 64-token backward chain: preprocess/postprocess for sm_90a/sm_100a/sm_103a, the tcgen05 main
 # kernel for sm_100a/sm_103a.
+_BWD64_STAGE_NOTES = {
+    "preprocess": "VSA backward, 64-token blocks: delta, lse2, dq_accum = 0, dk/dv = 0 on unselected kv blocks",
+    "postprocess": "VSA backward, 64-token blocks: dq = bf16(dq_accum * sm_scale), no-key rows 0",
+}
 _BWD64 = (
-    CuteKernelSpec(
-        name="block_sparse_bwd64_preprocess",
-        archs=_bwd64.COMMON_ARCHS,
-        make=partial(_bwd64.stage_kernel, "preprocess"),
-        forbid=("HMMA", "HGMMA", "UTCHMMA"),
-        notes="VSA backward, 64-token blocks: delta, lse2, dq_accum = 0, dk/dv = 0 on unselected kv blocks",
-    ),
-    CuteKernelSpec(
-        name="block_sparse_bwd64_postprocess",
-        archs=_bwd64.COMMON_ARCHS,
-        make=partial(_bwd64.stage_kernel, "postprocess"),
-        forbid=("HMMA", "HGMMA", "UTCHMMA"),
-        notes="VSA backward, 64-token blocks: dq = bf16(dq_accum * sm_scale), no-key rows 0",
-    ),
+    *(CuteKernelSpec(name=f"block_sparse_bwd64_{stage}", archs=_bwd64.COMMON_ARCHS,
+                     make=partial(_bwd64.stage_kernel, stage), forbid=("HMMA", "HGMMA", "UTCHMMA"),
+                     notes=_BWD64_STAGE_NOTES[stage])
+      for stage in _bwd64.STAGES),
     CuteKernelSpec(
         name="block_sparse_bwd64_sm100",
         archs=_bwd64.MAIN_COMPILE_ARCHS,
