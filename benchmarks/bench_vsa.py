@@ -5,8 +5,8 @@ Routes (the public API, route picked per call by env vars read at call time):
   triton  FASTVIDEO_VSA_TRITON=1   -> fastvideo_cute.block_sparse_attn{,_128,_256}[_bshd]
   cute    FASTVIDEO_VSA_CUTEDSL=1  -> same functions; the route actually taken is recorded
   sm120   our mma.sync + TMA forward (FASTVIDEO_VSA_BACKEND=sm120), forward only, 128/256 blocks,
-          one entry per kernel variant (--sm120-variants), through the op video_sparse_attn's
-          sparse branch calls (no LSE), map_to_index included
+          one entry per kernel mode (--sm120-variants; default: the adapter's per-arch choice),
+          through the op video_sparse_attn's sparse branch calls (no LSE), map_to_index included
 Peers:
   sdpa-flash / sdpa-cudnn  torch SDPA, dense, with that backend forced (torch.nn.attention.sdpa_kernel)
   flex                     torch FlexAttention (compiled) with an equivalent BlockMask
@@ -83,8 +83,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fraction of kv blocks each q block skips; topk = round((1-s)*KVb), at least 1")
     p.add_argument("--routes", nargs="*", default=["triton", "cute"], choices=ROUTES,
                    help="library routes (sm120 is opt-in: on sm_90 it is a verification target)")
-    p.add_argument("--sm120-variants", nargs="+", default=["simple"],
-                   help="kernel variants the sm120 route runs (fastvideo_cute/kernels/cute/block_sparse_fwd128 VARIANTS)")
+    p.add_argument("--sm120-variants", nargs="+", default=None,
+                   help="kernel modes the sm120 route runs, one entry each, sm120[<mode>] (w4r3, simple_split: "
+                        "fastvideo_cute.adapters.cute_sm120.VARIANTS); default: the adapter's choice for the GPU, "
+                        "as entry sm120")
     p.add_argument("--peers", nargs="*", default=list(PEERS), choices=PEERS)
     p.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
@@ -650,12 +652,13 @@ class Runner:
         """The sm120 route, one entry per kernel variant: the library op with need_lse=False (what
         video_sparse_attn's sparse branch calls), backend named, so nothing falls back silently."""
         torch = self.torch
-        for variant in self.args.sm120_variants:
+        for variant in self.args.sm120_variants or [None]:
             def go(variant=variant):
                 if mode != "fwd":
                     raise _Skip("inference only (no backward)")
                 if case.block not in (128, 256):
                     raise _Skip("128- and 256-token blocks only")
+                from fastvideo_cute.adapters.cute_sm120 import default_variant, sm120_arch
                 from fastvideo_cute.ops import block_sparse_attn_op
                 from fastvideo_cute.validation import check_block_sizes
 
@@ -664,17 +667,19 @@ class Runner:
                 # records whether every block is full (the sm120 backend serves only that case).
                 check_block_sizes(case.sizes, case.nblocks, case.block, case.sizes.device)
                 q, k, v = (case.bshd(t) if bshd else t for t in (case.q, case.k, case.v))
-                env = {"FASTVIDEO_VSA_CUTEDSL": "1", "FASTVIDEO_VSA_BACKEND": "sm120",
-                       "FASTVIDEO_CUTE_SM120_KERNEL": variant}
-                with _env(env, clear=ROUTE_ENV.values()):
+                env = {"FASTVIDEO_VSA_CUTEDSL": "1", "FASTVIDEO_VSA_BACKEND": "sm120"}
+                if variant is not None:
+                    env["FASTVIDEO_CUTE_SM120_KERNEL"] = variant
+                with _env(env, clear=(*ROUTE_ENV.values(), "FASTVIDEO_CUTE_SM120_KERNEL")):
+                    ran = default_variant(sm120_arch(q.device))
                     call = lambda: block_sparse_attn_op(q, k, v, case.block_map, case.sizes, block_size=case.block,
                                                          bshd=bshd, sm_scale=q.shape[-1] ** -0.5, need_lse=False)
                     with torch.no_grad():
                         ms = self.bench(call)
                 meta = self._metadata_ms("sm120", "sm120", case, mode)  # map_to_index
-                return {"ms": ms, "metadata_ms": meta, "served_by": "sm120", "extra": {"variant": variant}}
+                return {"ms": ms, "metadata_ms": meta, "served_by": "sm120", "extra": {"variant": ran}}
 
-            self.guarded(case, "route", "sm120" if variant == "simple" else f"sm120[{variant}]", mode, go)
+            self.guarded(case, "route", "sm120" if variant is None else f"sm120[{variant}]", mode, go)
 
     def run_route(self, route: str, case: Case, mode: str) -> None:
         torch = self.torch

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""One launch per mma.sync + TMA forward variant, for Nsight Compute (``ncu``).
+"""One launch per mma.sync + TMA forward mode (``w4r3``, ``simple_split``), for Nsight Compute (``ncu``).
 
 Each variant is compiled and run twice (JIT, warm caches), then launched once more between
 ``cudaProfilerStart``/``cudaProfilerStop``, so ``ncu --profile-from-start off`` records exactly one
@@ -11,7 +11,7 @@ under the same metrics.
 
   ncu --profile-from-start off --csv --page raw \
       --metrics sm__warps_active.avg.pct_of_peak_sustained_active,lts__t_sector_op_read_hit_rate.pct,... \
-      python benchmarks/profile_sm120.py --variants w4i w4i_nophase simple > profile.csv
+      python benchmarks/profile_sm120.py --variants w4r3 simple_split sdpa-flash > profile.csv
   python benchmarks/profile_sm120.py --to-json profile.csv --variants ... --out results.json   # CPU is fine
 """
 
@@ -91,7 +91,8 @@ def to_json(args) -> None:
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--variants", nargs="+", default=["w4i", "w4i_nophase", "simple"])
+    p.add_argument("--variants", nargs="+", default=["w4r3", "simple_split"],
+                   help="kernel modes (fastvideo_cute.adapters.cute_sm120.VARIANTS) or sdpa-flash")
     p.add_argument("--seqlen", type=int, default=32768)
     p.add_argument("--heads", type=int, default=12)
     p.add_argument("--sparsity", type=float, default=0.875)

@@ -25,7 +25,7 @@ from .varlen import block_sparse_attn_varlen, video_sparse_attn_varlen
 from .tiling import (from_tiles, padded_length, tile_counts, tile_gather_index, tile_scatter_index, to_tiles,
                      variable_block_sizes)
 
-__version__ = "0.1.0"
+from ._version import __version__
 
 __all__ = [
     "block_sparse_attn",
@@ -64,7 +64,7 @@ import os as _os  # noqa: E402
 
 if _os.environ.get("FASTVIDEO_CUTE_CACHE_DIR", "").strip():
     # One cache root for FA4, Triton and our CuTe kernels (docs/warmup.md); fills in only the
-    # per-tool variables that are not already set. Last, because the warm-up module imports us.
-    from .warmup import configure_cache_from_env as _configure_cache
+    # per-tool variables that are not already set (cache_dirs is a leaf: no warm-up, no kernels).
+    from .cache_dirs import configure_cache_from_env as _configure_cache
 
     _configure_cache()

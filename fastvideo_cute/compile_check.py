@@ -8,14 +8,18 @@ compile seconds, registers, spill (stack) bytes, and the counts of the key SASS 
 target the arch prints ``skipped (not targeted)``. The exit status is 1 if a variant failed to
 build or its SASS lacks an instruction it must use (or has one it must not), else 0.
 
-SASS comes from nvdisasm and the register/stack figures from cuobjdump: the first found of
-``$CUDA_HOME/bin``, the ``nvidia-cuda-nvdisasm`` wheel, triton's bundled CUDA binaries and PATH.
+Each kernel compiles through :func:`fastvideo_cute.jit.compile_kernel` (``need_cubin=True``: the
+cubin is kept in memory; compiler output goes to ``$CUTE_DSL_DUMP_DIR`` or a temporary directory,
+never the working directory). SASS comes from nvdisasm and the register/stack figures from
+cuobjdump: the first found of ``$CUDA_HOME/bin``, the ``nvidia-cuda-nvdisasm`` wheel, triton's
+bundled CUDA binaries and PATH. Importing this module sets no environment variable.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import glob
 import os
 import re
@@ -26,10 +30,7 @@ import tempfile
 import time
 from typing import Dict, List, Optional, Tuple
 
-# The artifacts must be kept before the CuTe DSL is imported (its settings are read then).
-os.environ.setdefault("CUTE_DSL_KEEP", "cubin")
-
-__all__ = ["main", "check_kernel", "sass_counts", "find_tool"]
+__all__ = ["main", "check_kernel", "build_report", "KernelReport", "sass_counts", "find_tool"]
 
 _OPCODE_RE = re.compile(r"^\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_.]*)", re.M)
 _RES_RE = re.compile(r"REG:(\d+)\s+STACK:(\d+)\s+SHARED:(\d+)\s+LOCAL:(\d+)")
@@ -84,49 +85,67 @@ def _resource_usage(cubin_path: str) -> Tuple[Optional[int], Optional[int]]:
     return max(r for r, _ in found), max(s for _, s in found)
 
 
-def check_kernel(spec, arch: str, keep_dir: Optional[str] = None) -> Tuple[bool, str]:
-    """Compile one registry variant for ``arch``; returns (ok, the printed line)."""
+@dataclasses.dataclass
+class KernelReport:
+    """One registry kernel built for one arch: the printed line, whether it passed, and (when it
+    built) the cubin, its SASS, opcode counts, registers and spill bytes."""
+
+    name: str
+    arch: str
+    ok: bool
+    line: str
+    cubin: Optional[bytes] = None
+    sass: str = ""
+    counts: Dict[str, int] = dataclasses.field(default_factory=dict)
+    regs: Optional[int] = None
+    spill: Optional[int] = None
+    seconds: float = 0.0
+
+    def count(self, prefix: str) -> int:
+        """Instructions whose opcode is ``prefix`` or starts with ``prefix + "."``."""
+        return _count_prefix(self.counts, prefix)
+
+
+def build_report(spec, arch: str) -> KernelReport:
+    """Compile one registry kernel for ``arch`` (through the jit) and check its SASS."""
+    from fastvideo_cute.jit import compile_kernel, cubin_of
     from fastvideo_cute.kernels.cute import SASS_COUNTED
 
     head = f"{spec.name:<32} {arch:<8}"
     if arch not in spec.archs:
-        return True, f"{head} skipped (not targeted; targets {', '.join(spec.archs)})"
-    import cutlass.cute as cute
-
+        return KernelReport(spec.name, arch, True, f"{head} skipped (not targeted; targets {', '.join(spec.archs)})")
     t0 = time.perf_counter()
     try:
-        fn, args = spec.build()
-        compiled = cute.compile(fn, *args, options=f"--gpu-arch {arch}")
+        compiled, _ = compile_kernel(spec.make(), arch, need_cubin=True)
     except Exception as exc:  # noqa: BLE001 - report any build failure as a failed line
         msg = str(exc).strip().splitlines()
-        return False, f"{head} FAIL build: {type(exc).__name__}: {msg[-1] if msg else ''}"[:400]
+        return KernelReport(spec.name, arch, False,
+                            f"{head} FAIL build: {type(exc).__name__}: {msg[-1] if msg else ''}"[:400])
     secs = time.perf_counter() - t0
-    cubin = getattr(getattr(compiled, "artifacts", None), "CUBIN", None)
-    if not cubin:
-        return False, f"{head} {secs:6.1f}s FAIL no cubin kept (CUTE_DSL_KEEP must include cubin)"
-    out_dir = keep_dir or tempfile.mkdtemp(prefix="fvc_compile_check_")
-    os.makedirs(out_dir, exist_ok=True)
-    cubin_path = os.path.join(out_dir, f"{spec.name}.{arch}.cubin")
-    with open(cubin_path, "wb") as f:
-        f.write(cubin)
-    regs, stack = _resource_usage(cubin_path)
+    report = KernelReport(spec.name, arch, False, "", cubin=cubin_of(compiled), seconds=secs)
+    if report.cubin is None:
+        report.line = f"{head} {secs:6.1f}s FAIL no cubin kept"
+        return report
     nvdisasm = find_tool("nvdisasm")
     if nvdisasm is None:
-        return False, f"{head} {secs:6.1f}s FAIL nvdisasm not found (set CUDA_HOME or install triton)"
-    dis = subprocess.run([nvdisasm, "-c", cubin_path], capture_output=True, text=True)
+        report.line = f"{head} {secs:6.1f}s FAIL nvdisasm not found (set CUDA_HOME or install triton)"
+        return report
+    with tempfile.TemporaryDirectory(prefix="fvc_compile_check_") as tmp:
+        cubin_path = os.path.join(tmp, f"{spec.name}.{arch}.cubin")
+        with open(cubin_path, "wb") as f:
+            f.write(report.cubin)
+        report.regs, report.spill = _resource_usage(cubin_path)
+        dis = subprocess.run([nvdisasm, "-c", cubin_path], capture_output=True, text=True)
     if dis.returncode != 0 or not dis.stdout:
-        return False, f"{head} {secs:6.1f}s FAIL nvdisasm: {dis.stderr.strip()[:200]}"
-    if keep_dir:
-        with open(os.path.join(out_dir, f"{spec.name}.{arch}.sass"), "w") as f:
-            f.write(dis.stdout)
-    else:
-        shutil.rmtree(out_dir, ignore_errors=True)
-    counts = sass_counts(dis.stdout)
-    missing = [p for p in spec.expect if _count_prefix(counts, p) == 0]
-    present = [p for p in spec.forbid if _count_prefix(counts, p) > 0]
-    shown = " ".join(f"{op}={_count_prefix(counts, op)}" for op in SASS_COUNTED)
-    line = (f"{head} {secs:6.1f}s regs={regs if regs is not None else '?'} "
-            f"spill={stack if stack is not None else '?'}B {shown}")
+        report.line = f"{head} {secs:6.1f}s FAIL nvdisasm: {dis.stderr.strip()[:200]}"
+        return report
+    report.sass = dis.stdout
+    report.counts = sass_counts(dis.stdout)
+    missing = [p for p in spec.expect if report.count(p) == 0]
+    present = [p for p in spec.forbid if report.count(p) > 0]
+    shown = " ".join(f"{op}={report.count(op)}" for op in SASS_COUNTED)
+    line = (f"{head} {secs:6.1f}s regs={report.regs if report.regs is not None else '?'} "
+            f"spill={report.spill if report.spill is not None else '?'}B {shown}")
     wrong_arch = not sass_is_for_arch(dis.stdout, arch)
     if missing or present or wrong_arch:
         why = ["cubin is not for " + arch] if wrong_arch else []
@@ -134,8 +153,24 @@ def check_kernel(spec, arch: str, keep_dir: Optional[str] = None) -> Tuple[bool,
             why.append(f"lacks {', '.join(missing)}")
         if present:
             why.append(f"has {', '.join(present)}")
-        return False, f"{line} FAIL {'; '.join(why)}"
-    return True, f"{line} OK"
+        report.line = f"{line} FAIL {'; '.join(why)}"
+        return report
+    report.ok, report.line = True, f"{line} OK"
+    return report
+
+
+def check_kernel(spec, arch: str, keep_dir: Optional[str] = None) -> Tuple[bool, str]:
+    """Compile one registry kernel for ``arch``; returns (ok, the printed line). ``keep_dir``:
+    also write its cubin and SASS there (``<name>.<arch>.cubin`` / ``.sass``)."""
+    report = build_report(spec, arch)
+    if keep_dir and report.cubin is not None:
+        os.makedirs(keep_dir, exist_ok=True)
+        with open(os.path.join(keep_dir, f"{spec.name}.{arch}.cubin"), "wb") as f:
+            f.write(report.cubin)
+        if report.sass:
+            with open(os.path.join(keep_dir, f"{spec.name}.{arch}.sass"), "w") as f:
+                f.write(report.sass)
+    return report.ok, report.line
 
 
 def main(argv: Optional[List[str]] = None) -> int:

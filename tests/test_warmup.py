@@ -1,6 +1,7 @@
 """fastvideo-cute-warmup on CPU: presets, variant enumeration per arch, cache keys, cache plumbing,
-the CLI end to end on the Triton route (interpreter), our CuTe kernels' AOT cache (cross-compiled),
-and benchmarks/warmup_latency.py's bookkeeping. GPU behaviour (FA4 / Triton cache hits, latency)
+the CLI end to end on the Triton route (interpreter), and benchmarks/warmup_latency.py's
+bookkeeping. (Our CuTe kernels' compile cache, and the CLI's cross-compile + --check of it:
+tests/test_jit.py.) GPU behaviour (FA4 / Triton cache hits, latency)
 is what benchmarks/warmup_latency.py measures on the device."""
 
 import importlib.util
@@ -29,7 +30,6 @@ def _fa4_ok():
 
 
 needs_fa4 = pytest.mark.skipif(not _fa4_ok(), reason="the FA4 route's predicate needs flash-attn-4 at its pins")
-needs_cute_dsl = pytest.mark.skipif(importlib.util.find_spec("cutlass") is None, reason="needs nvidia-cutlass-dsl")
 
 
 @pytest.fixture
@@ -44,7 +44,7 @@ def _env_for_child(tmp_path):
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     for name in ROUTE_VARS + ("FASTVIDEO_CUTE_CACHE_DIR", "TRITON_CACHE_DIR", "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR"):
         env.pop(name, None)
-    env.pop("CUTE_DSL_KEEP", None)  # another test's compile_check import sets it: no dumps in the repo
+    env.pop("CUTE_DSL_KEEP", None)  # no compiler dumps from a developer's environment
     env["CUTE_DSL_DUMP_DIR"] = str(tmp_path)
     env["HOME"] = str(tmp_path)  # nothing may land in the real ~/.cache
     return env
@@ -206,7 +206,7 @@ def test_own_kernels_policy(clean_route_env):
     spark = Target("cuda", (12, 1), False)
     names = [spec.name for spec in REGISTRY if "sm_121a" in spec.archs]
     assert warmup.own_kernels_for(spark, "all", "auto") == [(n, "sm_121a") for n in names]
-    wanted = warmup.SM120_REGISTRY_NAMES[warmup.sm120_variant()]
+    wanted = warmup.SM120_REGISTRY_NAMES[warmup.sm120_variant(spark.arch)]
     assert warmup.own_kernels_for(spark, "auto", "cute") == [(n, "sm_121a") for n in names if n == wanted]
     assert warmup.own_kernels_for(spark, "none", "cute", [names[0]]) == [(names[0], "sm_121a")]
     with pytest.raises(ValueError, match="no CuTe kernel named"):
@@ -265,17 +265,36 @@ def test_int_class_matches_triton():
         assert warmup._int_class(n) == want, n
 
 
-def test_cute_kernel_cache_key(monkeypatch):
-    k = warmup.CuteKernelCache.key
-    base = k("block_sparse_fwd128_sm120", "sm_121a", {"dtype": "bf16", "block": 128})
-    assert base == k("block_sparse_fwd128_sm120", "sm_121a", {"block": 128, "dtype": "bf16"})  # order-free
-    assert base != k("block_sparse_fwd128_sm120", "sm_120a", {"dtype": "bf16", "block": 128})
-    assert base != k("block_sparse_fwd128_sm120", "sm_121a", {"dtype": "fp16", "block": 128})
-    fields = warmup.CuteKernelCache.key_fields("x", "sm_90a")
-    assert set(fields) >= {"fastvideo-cute", "sources", "nvidia-cutlass-dsl", "apache-tvm-ffi", "python"}
-    monkeypatch.setattr(warmup.cache, "library_version", lambda: "9.9.9")  # looked up in warmup/cache.py
-    assert base != k("block_sparse_fwd128_sm120", "sm_121a", {"dtype": "bf16", "block": 128})
-    assert "fastvideo-cute-9.9.9" in str(warmup.cache_paths("/x").own)
+def test_sm120_variant_follows_the_target_arch(clean_route_env, monkeypatch):
+    """The plan names the variant the sm120 adapter will compile for the target GPU (issue 11,
+    item 18): w4r3 on sm_90 (reachable by name), simple_split on sm_12x, the environment overriding
+    both; the variant key and the own-kernel list follow."""
+    from fastvideo_cute.adapters.cute_sm120 import default_variant
+
+    monkeypatch.delenv("FASTVIDEO_CUTE_SM120_KERNEL", raising=False)
+    assert warmup.sm120_variant((9, 0)) == default_variant("sm_90a") == "w4r3"
+    assert warmup.sm120_variant((12, 1)) == warmup.sm120_variant((12, 0)) == "simple_split"
+    h200, spark = Target("cuda", (9, 0), False), Target("cuda", (12, 1), False)
+    w = Workload("m", 1, 12, 4 * 128, 128, 128, "bf16")
+    assert dict(warmup.variant_key("sm120", w, "fwd", h200).detail)["kernel"] == "block_sparse_fwd128_sm120_w4r3"
+    assert dict(warmup.variant_key("sm120", w, "fwd", spark).detail)["kernel"] == \
+        "block_sparse_fwd128_sm120_simple_split"
+    assert warmup.own_kernels_for(spark, "auto", "cute") == [("block_sparse_fwd128_sm120_simple_split", "sm_121a")]
+    monkeypatch.setenv("FASTVIDEO_CUTE_SM120_KERNEL", "w4r3")
+    assert warmup.sm120_variant((12, 1)) == "w4r3"
+    assert warmup.own_kernels_for(spark, "auto", "cute") == [("block_sparse_fwd128_sm120_w4r3", "sm_121a")]
+    monkeypatch.setenv("FASTVIDEO_CUTE_SM120_KERNEL", "simple")  # removed: an error, not a silent default
+    with pytest.raises(ValueError, match="FASTVIDEO_CUTE_SM120_KERNEL"):
+        warmup.sm120_variant((12, 1))
+
+
+@pytest.mark.skipif("sm120" not in route_names(), reason="the sm120 backend is not registered in this tree")
+def test_plan_sm90_by_name_keys_the_w4r3_kernel(clean_route_env, monkeypatch):
+    monkeypatch.delenv("FASTVIDEO_CUTE_SM120_KERNEL", raising=False)
+    w = Workload("m", 1, 12, 4 * 128, 128, 128, "bf16")
+    (unit,) = warmup.enumerate_plan([w], Target("cuda", (9, 0), False), ("infer",), "auto", "sm120")
+    assert unit.route == "sm120"
+    assert dict(unit.keys["fwd"].detail)["kernel"] == "block_sparse_fwd128_sm120_w4r3"
 
 
 # ---------------------------------------------------------------------------------------------- cache dirs
@@ -322,9 +341,9 @@ def test_snapshot_diff_and_classify(tmp_path):
     assert warmup.classify("fa4", {}, None, 1, True, False)[0] == "hit"
     assert warmup.classify("fa4", {}, None, 1, False, False)[0] == "miss"  # no disk cache behind it
     assert warmup.classify("fa4", {}, None, 0, True, False)[0] == "shared"
-    assert warmup.classify("sm120", {}, None, None, False, False, {"adapter_lru": 1})[0] == "miss"
-    assert warmup.classify("sm120", {}, None, None, False, False, {"disk": 1, "adapter_lru": 1})[0] == "hit"
-    assert warmup.classify("sm120", {}, None, None, False, False, {"adapter_lru": 0})[0] == "shared"
+    assert warmup.classify("sm120", {}, None, None, False, False, {"compiled": 1})[0] == "miss"
+    assert warmup.classify("sm120", {}, None, None, False, False, {"disk": 1, "compiled": 0})[0] == "hit"
+    assert warmup.classify("sm120", {}, None, None, False, False, {"memory": 2})[0] == "shared"
 
 
 def test_verify_failures():
@@ -379,24 +398,6 @@ def test_cli_end_to_end_triton_interpreter(tmp_path):
     assert data["cache_sizes"]["triton"]["files"] == 0
     assert data["cache_env"]["TRITON_CACHE_DIR"] == str(cache / "triton")
     assert data["check"]["returncode"] == 0 and len(data["check"]["rows"]) == 2
-
-
-@needs_cute_dsl
-def test_own_cute_kernel_cache_cross_compiled_then_loaded_in_fresh_process(tmp_path):
-    """Our CuTe kernel, cross-compiled for sm_90a without a GPU into the version-keyed AOT cache;
-    --check's fresh process must load it from disk (a hit), not compile it."""
-    report = tmp_path / "own.json"
-    cmd = [sys.executable, "-m", "fastvideo_cute.warmup", "--cute-kernel", "block_sparse_fwd128_sm120",
-           "--arch", "sm_90a", "--cache-dir", str(tmp_path / "cache"), "--json", str(report), "--check",
-           "--no-progress"]
-    out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=_env_for_child(tmp_path), timeout=300)
-    assert out.returncode == 0, out.stdout + out.stderr
-    data = json.loads(report.read_text())
-    assert len(data["rows"]) == 1 and data["rows"][0]["route"] == "cute-own" and data["rows"][0]["cache"] == "miss"
-    assert all(r["new_bytes"] > 0 for r in data["rows"])
-    assert all(r["cache"] == "hit" for r in data["check"]["rows"])
-    objs = list((tmp_path / "cache").glob("fastvideo-cute-*/cute/*/sm_90a-*.o"))
-    assert len(objs) == len(data["rows"])
 
 
 # ---------------------------------------------------------------------------------------------- benchmark script

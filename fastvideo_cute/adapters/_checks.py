@@ -1,16 +1,19 @@
 """Static input checks shared by the adapters of our own CuTe kernels (sm120, sm100 fwd/bwd).
 
 Each returns ``(True, "")`` or ``(False, reason)`` and never reads tensor values, so a support
-predicate built from them never synchronises with the GPU.
+predicate built from them never synchronises with the GPU. The launch limits are the kernels' own
+(:class:`fastvideo_cute.kernels.cute.limits.LaunchLimits`, one per op package), passed in.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib.util
-from typing import Iterable, Mapping, NamedTuple, Optional, Tuple
+from typing import Iterable, Mapping, Optional, Tuple
 
 import torch
+
+from fastvideo_cute.kernels.cute.limits import LaunchLimits  # noqa: F401 (each kernel's limits are one of these)
 
 INT_DTYPES = (torch.int32, torch.int64, torch.int16, torch.uint8)
 
@@ -81,24 +84,6 @@ def check_block_lists(q: torch.Tensor, idx_name: str, idx: Optional[torch.Tensor
     if tuple(num.shape) != (batch, heads, blocks):
         return False, f"{num_name} must be [{batch}, {heads}, {blocks}], got {tuple(num.shape)}"
     return True, ""
-
-
-class LaunchLimits(NamedTuple):
-    """What one launch of a list-driven forward covers: grid y (batch*heads), int32 row
-    coordinates (batch*heads*seqlen) and int32 offsets into the index lists."""
-
-    max_batch_heads: int
-    max_rows: int
-    max_index_elems: int
-
-    def fits(self, batch: int, heads: int, seq: int, num_blocks: int, max_kv: int) -> bool:
-        bh = batch * heads
-        return bh <= self.max_batch_heads and bh * seq <= self.max_rows and \
-            bh * num_blocks * max(max_kv, 1) <= self.max_index_elems
-
-    def describe(self) -> str:
-        return (f"exceeds the launch limits: batch*heads <= {self.max_batch_heads}, batch*heads*seqlen <= "
-                f"{self.max_rows}, batch*heads*num_blocks*max_kv <= {self.max_index_elems}")
 
 
 def check_list_forward(q, k, v, q2k_idx, q2k_num, kv_block_sizes, *, head_dim: int, block: int,

@@ -22,17 +22,24 @@ verification target). The tcgen05 main kernel compiles for sm_100a (and sm_103a)
 a GPU: :func:`sm100_block_sparse_bwd64` runs only by explicit opt-in (``FASTVIDEO_CUTE_SM100_BWD=1``
 or ``allow_unverified=True``, with a warning) until a compute-capability 10.x run of
 tests/kernels/cute/test_block_sparse_bwd64_gpu.py has passed; routes should not select it before.
+
+Shapes, launch limits and the arch tables are the kernels' own (``block_sparse_bwd64/limits.py``);
+every stage compiles through :mod:`fastvideo_cute.jit` (in process; on disk under
+``$FASTVIDEO_CUTE_CACHE_DIR`` when set).
 """
 
 from __future__ import annotations
 
-import functools
 import math
 import os
 import warnings
 from typing import Dict, Optional, Tuple
 
 import torch
+
+from fastvideo_cute.kernels.cute import block_sparse_bwd64 as _kernels  # names and limits only: no CuTe import
+from fastvideo_cute.kernels.cute.block_sparse_bwd64.limits import (BLOCK, COMMON_CAPABILITIES, HEAD_DIM,
+                                                                    MAIN_CAPABILITIES, MAX_ROWS, ORDER_MIN_KV_BLOCKS)
 
 from ._checks import check_block_lists, check_bhsd_bf16, cute_dsl_importable
 
@@ -56,27 +63,15 @@ __all__ = [
     "compiled_stage",
 ]
 
-BLOCK = 64
-HEAD_DIM = 128
 LOG2E = math.log2(math.e)
-# Mirrors fastvideo_cute/kernels/cute/block_sparse_bwd64.ORDER_MIN_KV_BLOCKS (the compile test checks they agree).
-ORDER_MIN_KV_BLOCKS = 1024
 ORDER_NUM_BINS = 8
-MAX_ROWS = 2**31 - 1  # B*H*S: int32 row indices, grid x of the common stages is B*H*S/64
-
-# compute capability -> arch the arch-independent stages are compiled for
-COMMON_CAPABILITIES = {(9, 0): "sm_90a", (10, 0): "sm_100a", (10, 3): "sm_103a"}
-# compute capability -> arch of the whole chain (seed 000: validated on GB200 only, sm_100a)
-MAIN_CAPABILITIES = {(10, 0): "sm_100a"}
 
 OPT_IN_ENV = "FASTVIDEO_CUTE_SM100_BWD"
 
 
 def main_kernel_available(arch: str = "sm_100a") -> bool:
-    """True iff the tcgen05 main kernel is part of the package for ``arch``."""
-    from fastvideo_cute.kernels.cute import block_sparse_bwd64 as pkg
-
-    return any(entry[2] == arch for entry in pkg.MAIN_KERNEL_BY_ARCH.values())
+    """True iff the tcgen05 main kernel is part of the package for ``arch`` (run there)."""
+    return arch in MAIN_CAPABILITIES.values()
 
 
 def _capability(t: torch.Tensor):
@@ -143,12 +138,10 @@ def sm100_bwd64_common_support(out, dout, lse, k2q_num, kv_block_sizes) -> Tuple
     return _check_meta(out, lse, None, k2q_num, kv_block_sizes)
 
 
-@functools.lru_cache(maxsize=None)
 def compiled_stage(stage: str, arch: str):
-    """A stage ("preprocess", "postprocess") compiled (TVM-FFI) for ``arch``, once per process."""
-    from fastvideo_cute.kernels.cute.block_sparse_bwd64 import stage_class
-
-    return stage_class(stage)().compile(arch)
+    """A stage ("preprocess", "postprocess") compiled (TVM-FFI) for ``arch`` through
+    :mod:`fastvideo_cute.jit` (once per process; from the disk cache when one is configured)."""
+    return _kernels.stage_kernel(stage).compile(arch)
 
 
 def _common_arch(t: torch.Tensor) -> str:
@@ -270,12 +263,9 @@ def _warn_unverified() -> None:
         "passed its GPU tests on a compute-capability 10.x device", RuntimeWarning, stacklevel=3)
 
 
-@functools.lru_cache(maxsize=None)
 def compiled_main(arch: str = "sm_100a"):
-    """The tcgen05 main kernel compiled (TVM-FFI) for ``arch``, once per process."""
-    from fastvideo_cute.kernels.cute.block_sparse_bwd64 import main_kernel_class
-
-    return main_kernel_class(100)().compile(arch)
+    """The tcgen05 main kernel compiled (TVM-FFI) for ``arch`` through :mod:`fastvideo_cute.jit`."""
+    return _kernels.main_kernel().compile(arch)
 
 
 def sm100_block_sparse_bwd64(q, k, v, out, dout, lse, k2q_idx, k2q_num, kv_block_sizes,

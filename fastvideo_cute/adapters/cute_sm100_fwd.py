@@ -20,27 +20,29 @@ Contract of :func:`sm100_block_sparse_fwd64` (the library's LSE contract):
     output row and a NaN LSE. Query rows past their block's size are computed like any other
     (as in ``fastvideo_cute.reference``).
 
-The launch limits (grid y, int32 TMA rows, int32 list offsets) are checked by
-:func:`sm100_fwd64_support` before any launch, and mirror the kernel module's ``MAX_*``.
+The launch limits (grid y, int32 TMA rows, int32 list offsets) are the kernel's own
+(``block_sparse_fwd64/limits.py``), checked by :func:`sm100_fwd64_support` before any launch. The
+kernel compiles through :mod:`fastvideo_cute.jit` (in process; on disk under
+``$FASTVIDEO_CUTE_CACHE_DIR`` when set).
 """
 
 from __future__ import annotations
 
 import functools
-import os
 import warnings
 from typing import Optional, Tuple
 
 import torch
+
+from fastvideo_cute.kernels.cute import block_sparse_fwd64 as _kernels  # names and limits only: no CuTe import
+from fastvideo_cute.kernels.cute.block_sparse_fwd64.limits import BLOCK, CAPABILITIES, HEAD_DIM, LIMITS
 
 from ._checks import LaunchLimits, check_list_forward, cute_dsl_importable, device_arch  # noqa: F401 (re-exported)
 
 __all__ = [
     "BLOCK",
     "HEAD_DIM",
-    "MAX_BATCH_HEADS",
-    "MAX_ROWS",
-    "MAX_INDEX_ELEMS",
+    "LIMITS",
     "SUPPORTED_CAPABILITIES",
     "VERIFIED_ON_HARDWARE",
     "sm100_fwd64_arch",
@@ -49,41 +51,17 @@ __all__ = [
     "sm100_block_sparse_fwd64",
     "compiled_kernel",
     "REGISTRY_NAME",
-    "REGISTRY_NAMES",
-    "VARIANTS",
-    "default_variant",
 ]
 
-BLOCK = 64
-HEAD_DIM = 128
-# Mirrors of fastvideo_cute/kernels/cute/block_sparse_fwd64/block_sparse_fwd64_sm100.py's launch limits
-# (tests/kernels/cute/test_block_sparse_fwd64_compile.py checks that they agree).
-MAX_BATCH_HEADS = 65535  # grid y
-MAX_ROWS = 2**31 - 1 - 128  # B * H * S (+ the discarded half of the last 128-row Q tile)
-MAX_INDEX_ELEMS = 2**31 - 1  # B * H * T * max_kv: int32 offsets into q2k_idx
-
-# compute capability -> the arch string the kernel is compiled for
-SUPPORTED_CAPABILITIES = {(10, 0): "sm_100a", (10, 3): "sm_103a"}
+# compute capability -> the arch string the kernel is compiled for (the kernel's table)
+SUPPORTED_CAPABILITIES = CAPABILITIES
 
 #: Set to True (with the run recorded) once tests/kernels/cute/test_block_sparse_fwd64_gpu.py
 #: has passed on a compute-capability 10.x GPU.
 VERIFIED_ON_HARDWARE = False
 
-#: the kernel's name in ``fastvideo_cute.kernels.cute.REGISTRY`` (compile_check, warm-up cache)
-REGISTRY_NAME = "block_sparse_fwd64_sm100"
-
-# Kernel variants of one contract: "simple" (the bring-up default) and "overlap" (the next
-# block's QK issued under this block's softmax epilogue; experimental). Both unverified.
-VARIANTS = ("simple", "overlap")
-REGISTRY_NAMES = {"simple": REGISTRY_NAME, "overlap": "block_sparse_fwd64_sm100_overlap"}
-_VARIANT_ENV = "FASTVIDEO_CUTE_SM100_FWD64_KERNEL"
-
-
-def default_variant() -> str:
-    variant = os.environ.get(_VARIANT_ENV, "simple") or "simple"
-    if variant not in VARIANTS:
-        raise ValueError(f"{_VARIANT_ENV}={variant!r}: expected one of {VARIANTS}")
-    return variant
+#: the kernel's name in ``fastvideo_cute.kernels.cute.REGISTRY`` (compile_check, warm-up)
+REGISTRY_NAME = _kernels.REGISTRY_NAME
 
 
 def sm100_fwd64_arch(device: torch.device) -> Optional[str]:
@@ -91,12 +69,9 @@ def sm100_fwd64_arch(device: torch.device) -> Optional[str]:
     return device_arch(device, SUPPORTED_CAPABILITIES)
 
 
-_LIMITS = LaunchLimits(MAX_BATCH_HEADS, MAX_ROWS, MAX_INDEX_ELEMS)
-
-
 def sm100_fwd64_within_launch_limits(batch: int, heads: int, seq: int, num_blocks: int, max_kv: int) -> bool:
     """True iff one launch covers the call (the size-dependent part of the support predicate)."""
-    return _LIMITS.fits(batch, heads, seq, num_blocks, max_kv)
+    return LIMITS.fits(batch, heads, seq, num_blocks, max_kv)
 
 
 def sm100_fwd64_support(
@@ -112,21 +87,14 @@ def sm100_fwd64_support(
     never reads tensor values, so it never synchronizes with the GPU."""
     return check_list_forward(q, k, v, q2k_idx, q2k_num, kv_block_sizes, head_dim=HEAD_DIM, block=BLOCK,
                               capabilities=SUPPORTED_CAPABILITIES,
-                              arch_hint="sm_100 or sm_103 (compute capability 10.0/10.3)", limits=_LIMITS)
+                              arch_hint="sm_100 or sm_103 (compute capability 10.0/10.3)", limits=LIMITS)
 
 
-@functools.lru_cache(maxsize=None)
-def compiled_kernel(arch: str, variant: str = "simple"):
-    """The kernel compiled (TVM-FFI) for ``arch``, once per process. Shapes are dynamic, so the
-    key is the arch and the variant (dtype bf16, head_dim 128 and 64-token blocks are fixed)."""
-    if os.environ.get("FASTVIDEO_CUTE_CACHE_DIR", "").strip():
-        # Through the warm-up's disk cache, so a warmed container loads instead of compiling.
-        from fastvideo_cute.warmup import compile_registry_kernel
-
-        return compile_registry_kernel(REGISTRY_NAMES[variant], arch)[0]
-    from fastvideo_cute.kernels.cute.block_sparse_fwd64 import variant_kernel
-
-    return variant_kernel(variant).compile(arch)
+def compiled_kernel(arch: str):
+    """The kernel compiled (TVM-FFI) for ``arch``, through :mod:`fastvideo_cute.jit` (once per
+    process; from the disk cache when ``$FASTVIDEO_CUTE_CACHE_DIR`` is set). Shapes are dynamic:
+    the key is the arch (bf16, head_dim 128 and 64-token blocks are fixed)."""
+    return _kernels.kernel().compile(arch)
 
 
 @functools.lru_cache(maxsize=None)
@@ -149,16 +117,11 @@ def sm100_block_sparse_fwd64(
     kv_block_sizes: torch.Tensor,
     out: Optional[torch.Tensor] = None,
     lse: Optional[torch.Tensor] = None,
-    variant: Optional[str] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Block-sparse attention forward, 64-token blocks, with LSE (see the module docstring).
     Returns ``(out [B, H, S, 128] bf16, lse [B, H, S] fp32)`` (allocated if None; every element
     is written). Raises ``ValueError`` naming the reason when :func:`sm100_fwd64_support`
-    refuses. ``variant``: "simple" or "overlap" (default: ``$FASTVIDEO_CUTE_SM100_FWD64_KERNEL``,
-    else "simple")."""
-    variant = default_variant() if variant is None else variant
-    if variant not in VARIANTS:
-        raise ValueError(f"sm100_block_sparse_fwd64: variant must be one of {VARIANTS}, got {variant!r}")
+    refuses."""
     ok, reason = sm100_fwd64_support(q, k, v, q2k_idx, q2k_num, kv_block_sizes)
     if not ok:
         raise ValueError(f"sm100_block_sparse_fwd64: {reason}")
@@ -186,7 +149,7 @@ def sm100_block_sparse_fwd64(
         num = torch.zeros((rows,), dtype=torch.int32, device=q.device)
     idx, num = idx.contiguous(), num.contiguous()
     vbs = kv_block_sizes.to(torch.int32).contiguous()
-    fn = compiled_kernel(sm100_fwd64_arch(q.device), variant)
+    fn = compiled_kernel(sm100_fwd64_arch(q.device))
     with torch.cuda.device(q.device):
         fn(
             q.detach().view(-1, HEAD_DIM),

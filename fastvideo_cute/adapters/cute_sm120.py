@@ -17,8 +17,10 @@ Contract of :func:`sm120_block_sparse_fwd` (seed 004's kernel contract):
     NaN output row; any T (odd included); deterministic (the phased walk depends only on the
     launch index, the counts and the SM count).
 
-The launch limits (grid y, int32 TMA rows, int32 list offsets) are checked by
-:func:`sm120_fwd_support` before any launch, and mirror the kernel module's ``MAX_*``.
+The launch limits (grid y, int32 TMA rows, int32 list offsets) are the kernel's own
+(``block_sparse_fwd128/limits.py``), checked by :func:`sm120_fwd_support` before any launch. The
+kernel compiles through :mod:`fastvideo_cute.jit` (in process; on disk under
+``$FASTVIDEO_CUTE_CACHE_DIR`` when set).
 """
 
 from __future__ import annotations
@@ -29,17 +31,15 @@ from typing import Optional, Tuple
 
 import torch
 
-from fastvideo_cute.kernels.cute.block_sparse_fwd128 import VARIANTS as _KERNEL_VARIANTS  # names only: no CuTe import
-from fastvideo_cute.kernels.cute.block_sparse_fwd128 import registry_name
+from fastvideo_cute.kernels.cute import block_sparse_fwd128 as _kernels  # names and limits only: no CuTe import
+from fastvideo_cute.kernels.cute.block_sparse_fwd128.limits import BLOCK, CAPABILITIES, HEAD_DIM, LIMITS
 
 from ._checks import LaunchLimits, check_list_forward, cute_dsl_importable, device_arch  # noqa: F401 (re-exported)
 
 __all__ = [
     "BLOCK",
     "HEAD_DIM",
-    "MAX_BATCH_HEADS",
-    "MAX_ROWS",
-    "MAX_INDEX_ELEMS",
+    "LIMITS",
     "SUPPORTED_CAPABILITIES",
     "sm120_arch",
     "sm120_within_launch_limits",
@@ -50,16 +50,8 @@ __all__ = [
     "default_variant",
 ]
 
-BLOCK = 128
-HEAD_DIM = 128
-# Mirrors of fastvideo_cute/kernels/cute/block_sparse_fwd128/block_sparse_fwd128_sm120.py's launch limits
-# (tests/kernels/cute/test_block_sparse_fwd128_compile.py checks that they agree).
-MAX_BATCH_HEADS = 65535  # grid y
-MAX_ROWS = 2**31 - 1  # B * H * S: TMA row coordinates are int32
-MAX_INDEX_ELEMS = 2**31 - 1  # B * H * T * max_kv: int32 offsets into q2k_idx
-
-# compute capability -> the arch string the kernel is compiled for
-SUPPORTED_CAPABILITIES = {(9, 0): "sm_90a", (12, 0): "sm_120a", (12, 1): "sm_121a"}
+# compute capability -> the arch string the kernel is compiled for (the kernel's table)
+SUPPORTED_CAPABILITIES = CAPABILITIES
 
 
 def sm120_arch(device: torch.device) -> Optional[str]:
@@ -67,12 +59,9 @@ def sm120_arch(device: torch.device) -> Optional[str]:
     return device_arch(device, SUPPORTED_CAPABILITIES)
 
 
-_LIMITS = LaunchLimits(MAX_BATCH_HEADS, MAX_ROWS, MAX_INDEX_ELEMS)
-
-
 def sm120_within_launch_limits(batch: int, heads: int, seq: int, num_blocks: int, max_kv: int) -> bool:
     """True iff one launch covers the call (the size-dependent part of the support predicate)."""
-    return _LIMITS.fits(batch, heads, seq, num_blocks, max_kv)
+    return LIMITS.fits(batch, heads, seq, num_blocks, max_kv)
 
 
 def sm120_fwd_support(
@@ -88,15 +77,13 @@ def sm120_fwd_support(
     never reads tensor values, so it never synchronizes with the GPU."""
     return check_list_forward(q, k, v, q2k_idx, q2k_num, kv_block_sizes, head_dim=HEAD_DIM, block=BLOCK,
                               capabilities=SUPPORTED_CAPABILITIES, arch_hint="sm_90, sm_120 or sm_121",
-                              limits=_LIMITS)
+                              limits=LIMITS)
 
 
-# Kernel variants of one contract (fastvideo_cute/kernels/cute/block_sparse_fwd128: VARIANTS lists them): "simple"
-# and "simple_split" (8 MMA warps + a TMA producer warp), "w4", "w4i", "w4i_nophase", "w4i_split",
-# "w4r", "w4r_nophase", "w4r2", "w4r3" (4 MMA warps of 32 rows; with or without a producer warp) and
-# "ws" (seed 004's QK and PV warp groups; measured 0.81-0.84x "w4r3" and 0.95-0.97x "simple_split"
-# on the H200, benchmarks/results/vsa_h200_sm120_ws.json, so no arch defaults to it).
-VARIANTS = tuple(_KERNEL_VARIANTS)
+# The kernel's modes (fastvideo_cute/kernels/cute/block_sparse_fwd128: Mode): "w4r3" (4 MMA warps of
+# 32 rows that issue the loads in turn) and "simple_split" (8 MMA warps + a TMA producer warp). The
+# other variants once measured are summarised in docs/architecture.md.
+VARIANTS = _kernels.MODES
 _VARIANT_ENV = "FASTVIDEO_CUTE_SM120_KERNEL"
 
 
@@ -118,19 +105,13 @@ def default_variant(arch: Optional[str] = None) -> str:
     return variant
 
 
-@functools.lru_cache(maxsize=None)
-def compiled_kernel(arch: str, variant: str = "simple"):
-    """The kernel compiled (TVM-FFI) for ``arch``, once per process. Shapes are dynamic, so the
-    key is the arch and the static configuration only (dtype bf16 and head_dim 128 are fixed)."""
-    if os.environ.get("FASTVIDEO_CUTE_CACHE_DIR", "").strip():
-        # Through the warm-up's disk cache, so a warmed container loads instead of compiling.
-        # (The load path is exercised on CPU; a GPU launch of a loaded kernel is not yet verified.)
-        from fastvideo_cute.warmup import compile_registry_kernel
-
-        return compile_registry_kernel(registry_name(variant), arch)[0]
-    from fastvideo_cute.kernels.cute.block_sparse_fwd128 import variant_kernel
-
-    return variant_kernel(variant).compile(arch)
+def compiled_kernel(arch: str, variant: str):
+    """The kernel compiled (TVM-FFI) for ``arch`` in mode ``variant``, through
+    :mod:`fastvideo_cute.jit`: once per process, and from the disk cache when
+    ``$FASTVIDEO_CUTE_CACHE_DIR`` is set (so a warmed container loads instead of compiling; the load
+    path is exercised on CPU, a GPU launch of a loaded kernel is not yet verified). Shapes are
+    dynamic: the key is the arch and the mode (bf16, head_dim 128 are fixed)."""
+    return _kernels.kernel(variant).compile(arch)
 
 
 @functools.lru_cache(maxsize=None)

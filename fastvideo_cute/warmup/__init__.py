@@ -29,11 +29,13 @@ The app must see the same cache: set the variables of ``--print-env`` in its env
 :func:`configure_cache_from_env` before the first CuTe/Triton call). FA4 reads its two variables
 when ``flash_attn.cute`` is imported, so they must be set before that.
 
-The code lives in small modules: ``cache`` (cache roots and environment, :class:`CuteKernelCache`),
+The code lives in small modules: ``cache`` (cache-dir snapshots, :func:`compile_registry_kernel`),
 ``variants`` (targets, workloads, variant keys), ``plan`` (the route per variant, workloads from
 presets and shapes), ``run`` (first call vs steady state, cache evidence), ``report`` (console and
-JSON output) and ``cli`` (arguments, ``main``, ``--check``). Their names are re-exported here, so
-``fastvideo_cute.warmup.<name>`` works as it did; patch a function in the module that looks it up.
+JSON output) and ``cli`` (arguments, ``main``, ``--check``); the cache roots and their environment
+are :mod:`fastvideo_cute.cache_dirs`, our kernels' compile cache :mod:`fastvideo_cute.jit`. Their
+names are re-exported here, so ``fastvideo_cute.warmup.<name>`` works as it did; patch a function
+in the module that looks it up.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ from .cache import (CACHE_ROOT_ENV, CUTE_DSL_CACHE_DIR_ENV, FA4_CACHE_DIR_ENV, F
                     TRITON_CACHE_DIR_ENV, CachePaths, CuteKernelCache, _diff, _dist_version, _fa4_cache_problem,
                     _preload_cute_runtime, _scan, _snapshot, cache_env, cache_paths, cache_sizes,
                     compile_registry_kernel, configure_cache, configure_cache_from_env, cute_kernel_cache,
-                    default_cache_root, library_version, own_sources_fingerprint)
+                    default_cache_root, library_version, own_sources_fingerprint, registry_kernel)
 from .cli import (_DTYPES, _child_argv, _dtype_list, _flatten, _int_list, build_parser, build_workloads, main,
                   resolve_target, run_check, verify_failures)
 from .plan import (_MODES, _quiet_route_log, enumerate_plan, own_kernels_for, preset_workloads, route_env,

@@ -100,8 +100,8 @@ def own_kernels_for(target: Target, policy: str = "auto", route: str = "auto",
     """Our registry kernels to compile for the target: ``[(registry name, --gpu-arch)]``.
 
     ``names``: exactly these registry kernels. ``all``: every registry kernel that targets the
-    arch. ``none``: nothing. ``auto``: the sm120 adapter's variant (``$FASTVIDEO_CUTE_SM120_KERNEL``,
-    default ``simple``) when the CuTe route is asked for (``--route cute`` or
+    arch. ``none``: nothing. ``auto``: the variant the sm120 adapter compiles for the target
+    (``$FASTVIDEO_CUTE_SM120_KERNEL``, else its per-arch default) when the CuTe route is asked for (``--route cute`` or
     ``FASTVIDEO_VSA_CUTEDSL=1``) on a GPU FA4 does not serve (sm_120/sm_121: there the mma.sync
     kernel is the CuTe route; its sm_90a build is a verification target, not the H200's route)."""
     if target.arch is None or (policy == "none" and not names):
@@ -123,7 +123,7 @@ def own_kernels_for(target: Target, policy: str = "auto", route: str = "auto",
     wants_cute = route == "cute" or (route == "auto" and env_flag("FASTVIDEO_VSA_CUTEDSL"))
     if not wants_cute or target.arch[0] in (9, 10):
         return []
-    wanted = SM120_REGISTRY_NAMES.get(sm120_variant())
+    wanted = SM120_REGISTRY_NAMES.get(sm120_variant(target.arch))
     return [(n, arch) for n in targeted if n == wanted]
 
 

@@ -9,7 +9,7 @@ import sys
 import time
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from .cache import CachePaths, CuteKernelCache, _diff, _snapshot, compile_registry_kernel
+from .cache import CachePaths, CuteKernelCache, _diff, _snapshot, compile_registry_kernel, registry_kernel
 from .plan import route_env
 from .variants import PlanUnit, Workload, torch_dtype
 
@@ -71,13 +71,9 @@ def _fa4_cache_state() -> Optional[Tuple[int, bool]]:
 
 
 def _own_state() -> Dict[str, int]:
-    """Our CuTe kernels compiled in this process: :class:`CuteKernelCache` statuses, and the sm120
-    adapter's own ``lru_cache`` (which does not go through the disk cache yet)."""
-    state = dict(CuteKernelCache.stats)
-    adapter = sys.modules.get("fastvideo_cute.adapters.cute_sm120")
-    info = getattr(getattr(adapter, "compiled_kernel", None), "cache_info", None)
-    state["adapter_lru"] = info().currsize if callable(info) else 0
-    return state
+    """Our CuTe kernels' lookups in this process by outcome (:class:`CuteKernelCache` statuses:
+    every adapter compiles through it)."""
+    return dict(CuteKernelCache.stats)
 
 
 def _interpreting() -> bool:
@@ -120,8 +116,6 @@ def classify(route: Optional[str], new: Dict[str, Tuple[int, int]], triton_delta
             return "hit", "loaded from the fastvideo-cute cache"
         if own.get("compiled", 0) > 0:
             return "miss", "compiled (fastvideo-cute cache)"
-        if own.get("adapter_lru", 0) > 0:
-            return "miss", "compiled in memory: the sm120 adapter does not use the disk cache yet"
         return "shared", "compiled earlier in this process"
     return "unknown", f"route {route}: no cache evidence beyond files (none written)"
 
@@ -283,6 +277,13 @@ def execute_unit(unit: PlanUnit, device, paths: CachePaths, iters: int, seen: se
     return rows
 
 
+def _own_key(name: str, arch: str) -> str:
+    try:
+        return registry_kernel(name, arch).cache_key(arch)[:12]
+    except Exception:  # noqa: BLE001 - an untargeted or unbuildable kernel: its row says why
+        return "-"
+
+
 def execute_own(names: Sequence[Tuple[str, str]], paths: CachePaths) -> List[Dict[str, Any]]:
     """Compile (or load) our registry kernels into the AOT cache (no launch: works without a GPU)."""
     cache = CuteKernelCache(paths.own)
@@ -300,8 +301,7 @@ def execute_own(names: Sequence[Tuple[str, str]], paths: CachePaths) -> List[Dic
         status = {"disk": "hit", "memory": "shared", "compiled": "miss", "error": "error"}[how]
         rows.append({
             "id": f"cute-own/{name}/{arch}", "workload": name, "mode": "compile", "direction": "fwd",
-            "route": "cute-own", "variant": f"cute-own {name} {arch}", "key": CuteKernelCache.key(name, arch,
-                                                                                               {"registry": name})[:12],
+            "route": "cute-own", "variant": f"cute-own {name} {arch}", "key": _own_key(name, arch),
             "first_s": secs, "steady_s": None, "overhead_s": None, "cache": status,
             "note": err or {"hit": "loaded from the fastvideo-cute cache",
                             "miss": "compiled and exported (not launched)",

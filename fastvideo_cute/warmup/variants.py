@@ -7,7 +7,7 @@ import dataclasses
 from typing import Dict, Optional, Tuple
 
 from fastvideo_cute.backends.base import CompileKey
-from fastvideo_cute.kernels.cute import block_sparse_fwd128 as _fwd128  # variant names only (no CuTe import)
+from fastvideo_cute.kernels.cute import block_sparse_fwd128 as _fwd128  # mode names only (no CuTe import)
 
 
 def parse_arch(text: str) -> Tuple[int, int]:
@@ -140,15 +140,14 @@ def variant_key(route: str, w: Workload, direction: str, target: Target) -> Vari
     return BACKENDS[route].compile_keys(synthetic_call_info(w, target, direction == "bwd"))[direction]
 
 
-#: sm120 adapter variant -> its registry name (``fastvideo_cute.kernels.cute.REGISTRY``)
-SM120_REGISTRY_NAMES = {v: _fwd128.registry_name(v) for v in _fwd128.VARIANTS}
+#: sm120 adapter variant (the kernel's mode) -> its registry name (``fastvideo_cute.kernels.cute.REGISTRY``)
+SM120_REGISTRY_NAMES = {v: _fwd128.registry_name(v) for v in _fwd128.MODES}
 
 
-def sm120_variant() -> str:
-    """The sm120 adapter's kernel variant for this environment (``$FASTVIDEO_CUTE_SM120_KERNEL``)."""
-    try:
-        from ..adapters.cute_sm120 import default_variant
+def sm120_variant(arch: Optional[Tuple[int, int]]) -> str:
+    """The variant the sm120 adapter compiles on a GPU of compute capability ``arch``:
+    ``$FASTVIDEO_CUTE_SM120_KERNEL`` if set, else its measured default for that arch ("w4r3" on
+    sm_90, "simple_split" on sm_120/sm_121). Raises ``ValueError`` for a bad variable value."""
+    from ..adapters.cute_sm120 import default_variant
 
-        return default_variant()
-    except Exception:  # noqa: BLE001 - an adapter without variants: its one kernel
-        return "simple"
+    return default_variant(cute_arch_str(arch) if arch is not None else None)

@@ -135,9 +135,9 @@ def test_plot_without_matplotlib_is_skipped(bench, tmp_path, monkeypatch):
 
 
 def test_sm120_route_is_opt_in_with_variants(bench):
-    a = bench.parse_args(["--routes", "sm120", "--sm120-variants", "simple", "w4i"])
-    assert a.routes == ["sm120"] and a.sm120_variants == ["simple", "w4i"]
-    assert bench.parse_args([]).sm120_variants == ["simple"]
+    a = bench.parse_args(["--routes", "sm120", "--sm120-variants", "w4r3", "simple_split"])
+    assert a.routes == ["sm120"] and a.sm120_variants == ["w4r3", "simple_split"]
+    assert bench.parse_args([]).sm120_variants is None  # the adapter's per-arch default
 
 
 def test_env_context_sets_clears_and_restores(bench, monkeypatch):

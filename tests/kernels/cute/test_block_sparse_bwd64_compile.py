@@ -1,81 +1,53 @@
 """CPU checks of the CuTe DSL VSA backward, 64-token blocks (fastvideo_cute/kernels/cute/block_sparse_bwd64).
 
-Cross-compiles the package's ``REGISTRY_ENTRIES`` in a subprocess (the CuTe DSL reads its artifact
-settings at import) through ``fastvideo_cute.compile_check.check_kernel``: the arch-independent
-stages for sm_90a, sm_100a and sm_103a (SIMT: 128-bit global accesses, no MMA), the tcgen05 main
-kernel for sm_100a and sm_103a (UTCHMMA, tensor-memory loads LDTM, TMA loads, the fp32 bulk
-reduce-add in the SASS). Registers and spills are printed (``pytest -s``) and spills must be 0. Also on CPU: the
-torch model of the main kernel's math (``emulate_main``) against the fp32 autograd reference, the
-work order, and the support predicates' refusals. About 15 s on a 2-core box.
+Cross-compiles the chain's registry kernels through the shared session fixture
+(``conftest.kernel_report``): the arch-independent stages for sm_90a, sm_100a and sm_103a (SIMT:
+128-bit global accesses, no MMA), the tcgen05 main kernel for sm_100a and sm_103a (UTCHMMA,
+tensor-memory loads LDTM, TMA loads, the fp32 bulk reduce-add in the SASS). Registers and spills
+are printed (``pytest -s``) and spills must be 0. Also on CPU: the torch model of the main
+kernel's math (``emulate_main``) against the fp32 autograd reference, the work order, and the
+support predicates' refusals.
 """
 
-import json
 import math
-import os
-import subprocess
-import sys
-import textwrap
 
 import pytest
+import torch
 
 from fastvideo_cute.compile_check import sass_is_for_arch
-import torch
 
 pytest.importorskip("cutlass")
 
 from fastvideo_cute.adapters import cute_sm100_bwd as A  # noqa: E402
+from fastvideo_cute.kernels.cute import find  # noqa: E402
 from fastvideo_cute.metadata import index_to_map, invert_indices  # noqa: E402
 from fastvideo_cute.reference import block_sparse_attn_reference  # noqa: E402
 
 COMMON = ("block_sparse_bwd64_preprocess", "block_sparse_bwd64_postprocess")
 MAIN = "block_sparse_bwd64_sm100"
 COMMON_ARCHS = ("sm_90a", "sm_100a", "sm_103a")
+MAIN_ARCHS = ("sm_100a", "sm_103a")
+BUILDS = [(name, arch) for name in COMMON for arch in COMMON_ARCHS] + [(MAIN, arch) for arch in MAIN_ARCHS]
 
 
-@pytest.fixture(scope="module")
-def compiled(tmp_path_factory):
-    keep = tmp_path_factory.mktemp("bwd64_sass")
-    script = textwrap.dedent(
-        f"""
-        import json, os
-        os.environ.setdefault("CUTE_DSL_KEEP", "cubin")
-        from fastvideo_cute import compile_check
-        from fastvideo_cute.kernels.cute.block_sparse_bwd64 import REGISTRY_ENTRIES
-        results = []
-        for spec in REGISTRY_ENTRIES:
-            for arch in spec.archs:
-                ok, line = compile_check.check_kernel(spec, arch, {str(keep)!r})
-                print(line, flush=True)
-                results.append([spec.name, arch, ok, line])
-        print("JSON" + json.dumps(results))
-        """
-    )
-    env = dict(os.environ)
-    env.pop("CUTE_DSL_ARCH", None)
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=600)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    print(proc.stdout)
-    (payload,) = [line for line in proc.stdout.splitlines() if line.startswith("JSON")]
-    return json.loads(payload[4:]), keep
+@pytest.mark.parametrize("name,arch", BUILDS)
+def test_every_entry_compiles_without_spills(kernel_report, name, arch):
+    report = kernel_report(name, arch)
+    print(report.line)
+    assert report.ok, report.line
+    assert report.spill == 0, f"{name} spills on {arch}: {report.line}"
 
 
-def test_every_entry_compiles_without_spills(compiled):
-    results, _ = compiled
-    names = {r[0] for r in results}
-    assert set(COMMON) <= names
-    for name, arch, ok, line in results:
-        assert ok, line
-        assert "spill=0B" in line, f"{name} spills on {arch}: {line}"
+def test_registry_targets():
     for name in COMMON:
-        assert {r[1] for r in results if r[0] == name} == set(COMMON_ARCHS)
-    assert {r[1] for r in results if r[0] == MAIN} == {"sm_100a", "sm_103a"}
+        assert set(find(name).archs) == set(COMMON_ARCHS)
+    assert set(find(MAIN).archs) == set(MAIN_ARCHS)
 
 
 @pytest.mark.parametrize("arch", COMMON_ARCHS)
 @pytest.mark.parametrize("name", COMMON)
-def test_common_stages_sass(compiled, name, arch):
-    _, keep = compiled
-    sass = (keep / f"{name}.{arch}.sass").read_text()
+def test_common_stages_sass(kernel_report, name, arch):
+    sass = kernel_report(name, arch).sass
     assert sass_is_for_arch(sass, arch)
     assert "LDG.E.128" in sass  # vectorized fp32 / bf16 loads
     for op in ("HMMA", "HGMMA", "UTCHMMA"):
@@ -84,45 +56,28 @@ def test_common_stages_sass(compiled, name, arch):
         assert "SHFL.BFLY" in sass and "STG.E.128" in sass
 
 
-@pytest.mark.parametrize("arch", ("sm_100a", "sm_103a"))
-def test_main_kernel_sass(compiled, arch):
+@pytest.mark.parametrize("arch", MAIN_ARCHS)
+def test_main_kernel_sass(kernel_report, arch):
     """tcgen05 MMAs (5 GEMMs: 8 + 8 + 8 + 8 + 4 K-steps), tensor-memory loads, TMA loads (K, V: 2
     boxes each, Q, dO: 4 each), the fp32 bulk reduce-add of dQ (two q blocks a pair), no spills."""
-    results, keep = compiled
-    (line,) = [r[3] for r in results if r[0] == MAIN and r[1] == arch]
-    assert " OK" in line and "spill=0B" in line, line
-    sass = (keep / f"{MAIN}.{arch}.sass").read_text()
-    from fastvideo_cute.compile_check import sass_counts
-
-    counts = sass_counts(sass)
-
-    def count(prefix):
-        return sum(n for op, n in counts.items() if op == prefix or op.startswith(prefix + "."))
-
-    assert count("UTCHMMA") == 36
-    assert count("LDTM") > 0
-    assert count("UTMALDG") == 12
-    assert count("UBLKRED") == 2 and "UBLKRED.G.S.ADD.F32" in sass
-    assert count("HMMA") == 0 and count("HGMMA") == 0
+    report = kernel_report(MAIN, arch)
+    assert " OK" in report.line and report.spill == 0, report.line
+    assert report.count("UTCHMMA") == 36
+    assert report.count("LDTM") > 0
+    assert report.count("UTMALDG") == 12
+    assert report.count("UBLKRED") == 2 and "UBLKRED.G.S.ADD.F32" in report.sass
+    assert report.count("HMMA") == 0 and report.count("HGMMA") == 0
 
 
-def test_tables_agree():
-    from fastvideo_cute.kernels.cute import CuteKernelSpec
+def test_tables():
     from fastvideo_cute.kernels.cute import block_sparse_bwd64 as pkg
-    from fastvideo_cute.kernels.cute.block_sparse_bwd64 import block_sparse_bwd64_common as mod
+    from fastvideo_cute.kernels.cute.block_sparse_bwd64 import limits
 
-    assert A.ORDER_MIN_KV_BLOCKS == pkg.ORDER_MIN_KV_BLOCKS == 1024
-    assert set(A.COMMON_CAPABILITIES.values()) == set(pkg.COMMON_ARCHS)
-    assert A.BLOCK == mod.BLOCK == 64 and A.HEAD_DIM == mod.HEAD_DIM == 128
-    assert A.MAX_ROWS == mod.MAX_ROWS
-    assert all(isinstance(s, CuteKernelSpec) for s in pkg.REGISTRY_ENTRIES)
-    assert pkg.stage_class("preprocess") is mod.BlockSparseBwd64Preprocess
+    assert A.COMMON_CAPABILITIES is limits.COMMON_CAPABILITIES and A.MAIN_CAPABILITIES is limits.MAIN_CAPABILITIES
+    assert set(pkg.COMMON_ARCHS) == set(COMMON_ARCHS)
+    assert pkg.stage_class("preprocess").__name__ == "BlockSparseBwd64Preprocess"
     assert A.main_kernel_available("sm_100a") and not A.main_kernel_available("sm_103a")
-    assert set(A.MAIN_CAPABILITIES.values()) == {e[2] for e in pkg.MAIN_KERNEL_BY_ARCH.values()}
-    from fastvideo_cute.kernels.cute.block_sparse_bwd64 import block_sparse_bwd64_sm100 as main_mod
-
-    assert pkg.main_kernel_class(100) is main_mod.BlockSparseBwd64Sm100
-    assert main_mod.BLOCK == A.BLOCK and main_mod.HEAD_DIM == A.HEAD_DIM
+    assert pkg.main_kernel_class().__name__ == "BlockSparseBwd64Sm100"
 
 
 def _case(nb=6, topk=3, heads=2, batch=1, seed=0, nan_padding=True, excluded=(), empty_q=()):
@@ -178,7 +133,7 @@ def test_emulated_main_matches_reference(topk, excluded, empty_q):
 def test_work_order():
     num = torch.randint(0, 40, (2, 3, 16), dtype=torch.int32)
     assert A.work_order(num, 16) is None
-    nb = A.ORDER_MIN_KV_BLOCKS
+    nb = A.ORDER_MIN_KV_BLOCKS  # the package's limits.ORDER_MIN_KV_BLOCKS
     num = torch.randint(0, 200, (1, 2, nb), dtype=torch.int32)
     order = A.work_order(num, nb)
     assert order.dtype == torch.int32 and order.shape == (2 * nb,)

@@ -38,15 +38,15 @@ pytestmark = [
 ]
 
 
-# The variants under test: every one by default; FASTVIDEO_CUTE_SM120_TEST_VARIANTS=w4r3,ws picks some (run new
-# variants under `timeout -s KILL`: a protocol bug hangs the GPU, as the two-group variant once did).
+# The modes under test: both by default; FASTVIDEO_CUTE_SM120_TEST_VARIANTS=w4r3 picks some (run a new mode
+# under `timeout -s KILL`: a protocol bug hangs the GPU, as a two-group variant once did).
 _DEFAULT_VARIANTS = ",".join(sm120.VARIANTS)
 _TEST_VARIANTS = [v for v in os.environ.get("FASTVIDEO_CUTE_SM120_TEST_VARIANTS", _DEFAULT_VARIANTS).split(",") if v]
 
 
 @pytest.fixture(autouse=True, params=_TEST_VARIANTS)
 def variant(request, monkeypatch):
-    """Every test runs on each variant under test (see _TEST_VARIANTS)."""
+    """Every test runs on each mode under test (see _TEST_VARIANTS)."""
     monkeypatch.setenv("FASTVIDEO_CUTE_SM120_KERNEL", request.param)
     return request.param
 
@@ -194,8 +194,8 @@ def test_many_waves():
 
 
 def test_walks_longer_than_a_warp():
-    """Selections of more than 32 and 64 entries (the lane-walk variants read the walk 32 entries at
-    a time, one per lane, and refill every 32), phased (2 * count <= tiles) and walked from the
+    """Selections of more than 32 and 64 entries (w4r3 reads the walk 32 entries at a time, one
+    per lane, and refills every 32), phased (2 * count <= tiles) and walked from the
     front, beside zero counts, ragged sizes and selected blocks of size 0."""
     check(make_case(num_blocks=136, counts=(33, 64, 65, 68, 0, 97, 31, 32, 130), heads=2, ragged=True,
                     empty_blocks=(3, 77), seed=37))
@@ -266,7 +266,7 @@ def test_launch_limits(monkeypatch):
     assert not sm120.sm120_within_launch_limits(1, 1, 2**16 * BLOCK, 2**16, 2**16)
     q, k, v, idx, num, vbs = make_case(num_blocks=2, topk=1, heads=4)
     assert sm120.sm120_fwd_support(q, k, v, idx, num, vbs)[0]
-    monkeypatch.setattr(sm120, "_LIMITS", sm120._LIMITS._replace(max_batch_heads=3))
+    monkeypatch.setattr(sm120, "LIMITS", sm120.LIMITS._replace(max_batch_heads=3))
     ok, reason = sm120.sm120_fwd_support(q, k, v, idx, num, vbs)
     assert not ok and "launch limits" in reason
     with pytest.raises(ValueError, match="launch limits"):

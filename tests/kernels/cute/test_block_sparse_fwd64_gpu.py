@@ -11,13 +11,13 @@ first leaves a NaN block of the outputs' sizes in the caching allocator.
 
 The kernel tests run only on a compute-capability 10.x GPU (B200/GB200: sm_100; B300: sm_103);
 skipped elsewhere. The ``test_softmax_math_probe_*`` tests run the kernel's arch-independent
-masking/softmax/LSE code (``softmax_math.py``) through its probe kernel on any CUDA GPU (sm_90
-included), so that part is verifiable on an H200.
+masking/softmax/LSE code (the shared ``common/softmax.py``) through its probe kernel
+(``block_sparse_fwd64/softmax_probe.py``) on any CUDA GPU (sm_90 included), so that part is
+verifiable on an H200.
 Run: ``python -m pytest -q -m gpu tests/kernels/cute/test_block_sparse_fwd64_gpu.py``
 (on a first run, wrap it in ``timeout -s KILL 600``: a protocol bug shows as a hang).
 """
 
-import os
 import warnings
 
 import pytest
@@ -45,18 +45,6 @@ needs_sm100 = pytest.mark.skipif(not _runnable(),
                                  reason="needs a compute-capability 10.x GPU (sm_100/sm_103) and the CuTe DSL")
 needs_cuda = pytest.mark.skipif(not (torch.cuda.is_available() and sm100.cute_dsl_importable()),
                                 reason="needs a CUDA GPU and the CuTe DSL")
-
-
-# The variants under test: "simple" by default; FASTVIDEO_CUTE_SM100_FWD64_TEST_VARIANTS=simple,overlap
-# adds the experimental overlapped kernel (run it under `timeout -s KILL`: a protocol bug hangs).
-_TEST_VARIANTS = [v for v in os.environ.get("FASTVIDEO_CUTE_SM100_FWD64_TEST_VARIANTS", "simple").split(",") if v]
-
-
-@pytest.fixture(autouse=True, params=_TEST_VARIANTS)
-def variant(request, monkeypatch):
-    """Every test runs on each variant under test (see _TEST_VARIANTS)."""
-    monkeypatch.setenv("FASTVIDEO_CUTE_SM100_FWD64_KERNEL", request.param)
-    return request.param
 
 
 @pytest.fixture(autouse=True)
@@ -247,7 +235,7 @@ def test_deterministic():
 
 @pytest.fixture(scope="module")
 def probe():
-    from fastvideo_cute.kernels.cute.block_sparse_fwd64.softmax_math import SoftmaxRowProbe
+    from fastvideo_cute.kernels.cute.block_sparse_fwd64.softmax_probe import SoftmaxRowProbe
 
     major, minor = torch.cuda.get_device_capability()
     return SoftmaxRowProbe(SCALE).compile(f"sm_{major}{minor}a")

@@ -24,7 +24,8 @@ layout (as FA4's sm100 backward does) and the two transposed copies (2 x B*H*S*1
 traffic and workspace) are not needed.
 
 Tensors are passed as 2-D row views (torch side: ``t.view(-1, 128)``), 1-D for the per-row and
-per-item vectors; every size is dynamic, so one compiled object serves every shape.
+per-item vectors; every size is dynamic, so one compiled object serves every shape. Shapes and
+launch limits: ``limits.py``.
 """
 
 from __future__ import annotations
@@ -35,15 +36,14 @@ import cuda.bindings.driver as cuda
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Int32, const_expr
+from cutlass import Float32, Int32
 
-BLOCK = 64
-HEAD_DIM = 128
+from fastvideo_cute.jit import CuteKernel, fake_matrix, fake_stream, fake_vector
+
+from .limits import BLOCK, HEAD_DIM
+
 NUM_THREADS = 256
 LOG2E = math.log2(math.e)
-
-# Grid x is the number of 64-row blocks, B*H*S/64: at most 2**31 - 1 CTAs; row indices are int32.
-MAX_ROWS = 2**31 - 1
 
 
 def _tiled_copy_2d(dtype, threads_per_row: int, num_threads: int, elems: int) -> cute.TiledCopy:
@@ -52,8 +52,11 @@ def _tiled_copy_2d(dtype, threads_per_row: int, num_threads: int, elems: int) ->
     return cute.make_tiled_copy_tv(atom, thr_layout, cute.make_layout((1, elems)))
 
 
-class BlockSparseBwd64Preprocess:
-    """delta, lse2, dq_accum zeroing, dk/dv zero rows of unselected kv blocks (see the module)."""
+class BlockSparseBwd64Preprocess(CuteKernel):
+    """delta, lse2, dq_accum zeroing, dk/dv zero rows of unselected kv blocks (see the module).
+    Called (compiled) as ``fn(o2d, do2d, lse1d, delta1d, lse2_1d, dqacc2d, dk2d, dv2d, k2q_num1d)``."""
+
+    name = "block_sparse_bwd64_preprocess"
 
     def __init__(self):
         self.dtype = cutlass.BFloat16
@@ -62,6 +65,9 @@ class BlockSparseBwd64Preprocess:
         self.bf16_threads_per_row = HEAD_DIM // 8
         # fp32 tiles: 32 threads x 4 elements (128-bit) per row, 8 rows a pass, 8 passes.
         self.f32_threads_per_row = HEAD_DIM // 4
+
+    def config(self):
+        return {}
 
     @cute.jit
     def __call__(
@@ -155,32 +161,30 @@ class BlockSparseBwd64Preprocess:
         rows, items = cute.sym_int32(), cute.sym_int32()
 
         def rows_x_dim(dtype, align):
-            return cute.runtime.make_fake_compact_tensor(dtype, (rows, HEAD_DIM), stride_order=(1, 0), assumed_align=align)
+            return fake_matrix(dtype, rows, HEAD_DIM, align=align)
 
         def per_row():
-            return cute.runtime.make_fake_compact_tensor(Float32, (rows,), assumed_align=4)
+            return fake_vector(Float32, rows, align=4)
 
-        num = cute.runtime.make_fake_compact_tensor(Int32, (items,), assumed_align=4)
-        stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
+        num = fake_vector(Int32, items, align=4)
         bf = self.dtype
         return (rows_x_dim(bf, 16), rows_x_dim(bf, 16), per_row(), per_row(), per_row(),
-                rows_x_dim(Float32, 16), rows_x_dim(bf, 16), rows_x_dim(bf, 16), num, stream)
-
-    def compile(self, arch: str | None = None, tvm_ffi: bool = True):
-        """Called as ``fn(o2d, do2d, lse1d, delta1d, lse2_1d, dqacc2d, dk2d, dv2d, k2q_num1d)``."""
-        options = ["--enable-tvm-ffi"] if tvm_ffi else []
-        if arch is not None:
-            options.append(f"--gpu-arch {arch}")
-        return cute.compile(self, *self.fake_args(), options=" ".join(options))
+                rows_x_dim(Float32, 16), rows_x_dim(bf, 16), rows_x_dim(bf, 16), num, fake_stream())
 
 
-class BlockSparseBwd64Postprocess:
-    """dq = bf16(dq_accum * sm_scale); rows with lse == -inf exactly 0 (see the module)."""
+class BlockSparseBwd64Postprocess(CuteKernel):
+    """dq = bf16(dq_accum * sm_scale); rows with lse == -inf exactly 0 (see the module). Called
+    (compiled) as ``fn(dqacc2d, lse1d, dq2d, sm_scale)``."""
+
+    name = "block_sparse_bwd64_postprocess"
 
     def __init__(self):
         self.dtype = cutlass.BFloat16
         self.num_threads = NUM_THREADS
         self.threads_per_row = HEAD_DIM // 4  # 4 fp32 in (128-bit), 4 bf16 out (64-bit)
+
+    def config(self):
+        return {}
 
     @cute.jit
     def __call__(
@@ -228,15 +232,7 @@ class BlockSparseBwd64Postprocess:
 
     def fake_args(self) -> tuple:
         rows = cute.sym_int32()
-        acc = cute.runtime.make_fake_compact_tensor(Float32, (rows, HEAD_DIM), stride_order=(1, 0), assumed_align=16)
-        lse = cute.runtime.make_fake_compact_tensor(Float32, (rows,), assumed_align=4)
-        dq = cute.runtime.make_fake_compact_tensor(self.dtype, (rows, HEAD_DIM), stride_order=(1, 0), assumed_align=16)
-        stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
-        return (acc, lse, dq, Float32(1.0), stream)
-
-    def compile(self, arch: str | None = None, tvm_ffi: bool = True):
-        """Called as ``fn(dqacc2d, lse1d, dq2d, sm_scale)``."""
-        options = ["--enable-tvm-ffi"] if tvm_ffi else []
-        if arch is not None:
-            options.append(f"--gpu-arch {arch}")
-        return cute.compile(self, *self.fake_args(), options=" ".join(options))
+        acc = fake_matrix(Float32, rows, HEAD_DIM, align=16)
+        lse = fake_vector(Float32, rows, align=4)
+        dq = fake_matrix(self.dtype, rows, HEAD_DIM, align=16)
+        return (acc, lse, dq, Float32(1.0), fake_stream())

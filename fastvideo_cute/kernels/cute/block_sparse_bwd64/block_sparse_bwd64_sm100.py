@@ -26,7 +26,8 @@ the preprocess; dk carries sm_scale, dq gets it in the postprocess.
 
 Serial within a CTA (load -> S/dP -> softmax -> dV/dK/dQ -> dQ drain), single stage: the
 correctness-first version; several CTAs per SM overlap each other's phases. STATUS: compiles for
-sm_100a (UTCHMMA, LDTM, UTMALDG in the SASS); not yet run on a GPU.
+sm_100a (UTCHMMA, LDTM, UTMALDG in the SASS); not yet run on a GPU. Shapes and launch limits:
+``limits.py``.
 """
 
 from __future__ import annotations
@@ -40,13 +41,16 @@ import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils.blackwell_helpers as sm100_utils
 from cutlass import Float32, Int32, const_expr
-from cutlass._mlir.dialects import llvm, nvvm
+from cutlass._mlir.dialects import llvm
 from cutlass.cute.nvgpu import cpasync, tcgen05, warpgroup
 from cutlass.cutlass_dsl import dsl_user_op
 from cutlass.tensor_utils import LayoutEnum
 
-BLOCK = 64
-HEAD_DIM = 128
+from fastvideo_cute.jit import CuteKernel, fake_matrix, fake_stream, fake_vector
+
+from ..common.tcgen05 import fence_after, fence_before
+from .limits import BLOCK, HEAD_DIM
+
 PAIR = 2 * BLOCK  # q rows per MMA tile
 LOG2E = math.log2(math.e)
 
@@ -70,18 +74,6 @@ def _bulk_reduce_add_f32(smem_ptr: cute.Pointer, gmem_ptr: cute.Pointer, num_byt
     )
 
 
-@dsl_user_op
-def _tc_fence_before(*, loc=None, ip=None):
-    """tcgen05.fence::before_thread_sync: order this thread's tcgen05 ops before a barrier."""
-    nvvm.tcgen05_fence(nvvm.Tcgen05FenceKind.BEFORE_THREAD_SYNC, loc=loc, ip=ip)
-
-
-@dsl_user_op
-def _tc_fence_after(*, loc=None, ip=None):
-    """tcgen05.fence::after_thread_sync: order tcgen05 ops after a barrier / mbarrier wait."""
-    nvvm.tcgen05_fence(nvvm.Tcgen05FenceKind.AFTER_THREAD_SYNC, loc=loc, ip=ip)
-
-
 def _gemm(tiled_mma: cute.TiledMma, acc: cute.Tensor, tA: cute.Tensor, tB: cute.Tensor, accumulate):
     """acc (+)= A B over the K blocks of the fragments (modes (MMA, M, K))."""
     atom = cute.make_mma_atom(tiled_mma.op)
@@ -93,14 +85,20 @@ def _gemm(tiled_mma: cute.TiledMma, acc: cute.Tensor, tA: cute.Tensor, tB: cute.
         cute.gemm(atom, acc, tA[None, None, k], tB[None, None, k], acc)
 
 
-class BlockSparseBwd64Sm100:
-    """tcgen05 main kernel of the 64-token VSA backward (see the module docstring)."""
+class BlockSparseBwd64Sm100(CuteKernel):
+    """tcgen05 main kernel of the 64-token VSA backward (see the module docstring). Called
+    (compiled) as ``fn(q2d, k2d, v2d, do2d, dk2d, dv2d, dqacc2d, lse2, delta, idx2d, num, vbs,
+    order, sm_scale)``."""
 
+    name = "block_sparse_bwd64_sm100"
     arch_family = "tcgen05"
 
     def __init__(self):
         self.dtype = cutlass.BFloat16
         self.num_threads = 128
+
+    def config(self):
+        return {}
 
     # ------------------------------------------------------------------ host side
     def make_mmas_and_layouts(self) -> dict:
@@ -437,14 +435,14 @@ class BlockSparseBwd64Sm100:
 
             # -- S = Q K^T, dP = dO V^T
             if warp_idx == 0:
-                _tc_fence_after()
+                fence_after()
                 _gemm(mma_S, tStS, tSrQ, tSrK, False)
                 _gemm(mma_dP, tdPtdP, tdPrdO, tdPrV, False)
                 with cute.arch.elect_one():
                     tcgen05.commit(mbar_mma)
             cute.arch.mbarrier_wait(mbar_mma, phase_mma)
             phase_mma = phase_mma ^ 1
-            _tc_fence_after()
+            fence_after()
 
             # -- P, dS (row per thread), to shared memory as bf16
             for n in cutlass.range_constexpr(cute.size(tScS, mode=[1])):
@@ -464,12 +462,12 @@ class BlockSparseBwd64Sm100:
                 cute.autovec_copy(rP, tRS_sP[None, n, None, None])
                 cute.autovec_copy(rdS, tRS_sdS[None, n, None, None])
             cute.arch.fence_view_async_shared()
-            _tc_fence_before()
+            fence_before()
             cute.arch.barrier()
 
             # -- dV^T += dO^T P, dK^T += Q^T dS, dQ = dS K
             if warp_idx == 0:
-                _tc_fence_after()
+                fence_after()
                 _gemm(mma_dV, tdVtdV, tdVrdOt, tdVrP, it > 0)
                 _gemm(mma_dK, tdKtdK, tdKrQt, tdKrdS, it > 0)
                 _gemm(mma_dQ, tdQtdQ, tdQrdS, tdQrKt, False)
@@ -477,7 +475,7 @@ class BlockSparseBwd64Sm100:
                     tcgen05.commit(mbar_mma)
             cute.arch.mbarrier_wait(mbar_mma, phase_mma)
             phase_mma = phase_mma ^ 1
-            _tc_fence_after()
+            fence_after()
 
             # -- dQ drain: TMEM -> registers -> shared -> cp.reduce.async.bulk (fp32 add)
             if tidx == 0:
@@ -491,7 +489,7 @@ class BlockSparseBwd64Sm100:
                     r, c = tdQcdQ_n[i]
                     sdQ[r, c] = rdQ[i]
             cute.arch.fence_view_async_shared()
-            _tc_fence_before()
+            fence_before()
             cute.arch.barrier()
             if tidx == 0:
                 half_bytes = BLOCK * HEAD_DIM * 4
@@ -520,9 +518,9 @@ class BlockSparseBwd64Sm100:
                 mdK[row0 + j, d] = bf(dk)
         if tidx == 0:
             cute.arch.cp_async_bulk_wait_group(0, read=False)
-        _tc_fence_before()
+        fence_before()
         cute.arch.barrier()
-        _tc_fence_after()
+        fence_after()
         tmem.relinquish_alloc_permit()
         tmem.free(tmem_ptr)
 
@@ -531,24 +529,15 @@ class BlockSparseBwd64Sm100:
         rows, items, max_q, blocks = cute.sym_int32(), cute.sym_int32(), cute.sym_int32(), cute.sym_int32()
 
         def rows_x_dim(dtype):
-            return cute.runtime.make_fake_compact_tensor(dtype, (rows, HEAD_DIM), stride_order=(1, 0), assumed_align=16)
+            return fake_matrix(dtype, rows, HEAD_DIM, align=16)
 
         def per_row():
-            return cute.runtime.make_fake_compact_tensor(Float32, (rows,), assumed_align=4)
+            return fake_vector(Float32, rows, align=4)
 
         bf = self.dtype
-        idx = cute.runtime.make_fake_compact_tensor(Int32, (items, max_q), stride_order=(1, 0), assumed_align=4)
-        num = cute.runtime.make_fake_compact_tensor(Int32, (items,), assumed_align=4)
-        vbs = cute.runtime.make_fake_compact_tensor(Int32, (blocks,), assumed_align=4)
-        order = cute.runtime.make_fake_compact_tensor(Int32, (items,), assumed_align=4)
-        stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
+        idx = fake_matrix(Int32, items, max_q, align=4)
+        num = fake_vector(Int32, items, align=4)
+        vbs = fake_vector(Int32, blocks, align=4)
+        order = fake_vector(Int32, items, align=4)
         return (rows_x_dim(bf), rows_x_dim(bf), rows_x_dim(bf), rows_x_dim(bf), rows_x_dim(bf), rows_x_dim(bf),
-                rows_x_dim(Float32), per_row(), per_row(), idx, num, vbs, order, Float32(1.0), stream)
-
-    def compile(self, arch: str | None = "sm_100a", tvm_ffi: bool = True):
-        """Called as ``fn(q2d, k2d, v2d, do2d, dk2d, dv2d, dqacc2d, lse2, delta, idx2d, num, vbs,
-        order, sm_scale)``."""
-        options = ["--enable-tvm-ffi"] if tvm_ffi else []
-        if arch is not None:
-            options.append(f"--gpu-arch {arch}")
-        return cute.compile(self, *self.fake_args(), options=" ".join(options))
+                rows_x_dim(Float32), per_row(), per_row(), idx, num, vbs, order, Float32(1.0), fake_stream())

@@ -16,22 +16,28 @@ K/V holding NaN/Inf cannot leak; a NaN in a valid query row gives a NaN output r
 sum is tested with ``l == 0``, not ``l > 0``). Selected indices outside ``[0, T)`` count as
 empty tiles.
 
-How:
-  - one CTA per (query tile, batch*head), grid ``(T, B*H)``; 8 MMA warps (16 query rows each)
-    plus one TMA producer warp, or 4 MMA warps (32 rows each: every K/V fragment read from
-    shared memory feeds two 16-row MMAs) with or without the producer warp (``inline_producer``:
-    MMA warp 0 issues the loads, ``kv_stages`` chunks ahead);
+How (two modes, :class:`~fastvideo_cute.kernels.cute.block_sparse_fwd128.Mode`):
+  - one CTA per (query tile, batch*head), grid ``(T, B*H)``. ``simple_split``: 8 MMA warps (16
+    query rows each) plus one TMA producer warp. ``w4r3``: 4 MMA warps (32 rows each: every K/V
+    fragment read from shared memory feeds two 16-row MMAs) and no producer warp: Q and the first
+    two chunks are loaded by warp 0, chunk ``c + 2``'s loads by warp ``c % 4`` (its K load after
+    chunk ``c``'s softmax, when every warp has most likely released the slot), so no warp, and
+    no SM sub-partition (warp 0 of both resident CTAs shares one), carries the producer's work
+    every chunk; each warp reads the walk 32 entries at a time, one per lane (index and tile
+    size, coalesced), and takes each chunk's entry from its lane by a shuffle, so the per-chunk
+    path has no dependent global list reads (docs/pitfalls.md: uniform registers);
   - Q (128x128) arrives by TMA and stays in shared memory; its fragments are re-read (ldmatrix)
     per k-step, which keeps the registers within budget;
-  - K and V stream in 64-key chunks (two 64x64 boxes, 128-byte swizzle) through two
-    ``kv_stages``-deep mbarrier rings (TMA transaction barriers full, thread arrivals empty);
-    every selected entry is two chunks; a chunk without valid keys (the second half of a tile
-    with vbs <= 64, a tile with vbs 0 or an out-of-range index) is loaded from a safe address in
-    the same head and skipped by the math, so producer and consumers share no skip logic;
+  - K and V stream in 64-key chunks (two 64x64 boxes, 128-byte swizzle) through two 2-deep
+    mbarrier rings (TMA transaction barriers full, thread arrivals empty); every selected entry
+    is two chunks; a chunk without valid keys (the second half of a tile with vbs <= 64, a tile
+    with vbs 0 or an out-of-range index) is loaded from a safe address in the same head and
+    skipped by the math, so producer and consumers share no skip logic;
   - per chunk: S = Q K^T (ldmatrix + mma.sync), mask keys >= valid, online softmax in
-    registers, P (bf16) stays in registers as the A operand of O += P V (ldmatrix.trans);
-    on a partial chunk the V fragments of invalid keys are zeroed before the mma, since
-    0 * NaN would otherwise reach O;
+    registers (``common/softmax.py``, a row over 4 lanes), P (bf16) stays in registers as the A
+    operand of O += P V (ldmatrix.trans); a chunk whose 64 keys are all valid runs a branch-free
+    P V (fragment loads overlap the mma); on a partial chunk the V fragments of invalid keys are
+    zeroed before the mma, since 0 * NaN would otherwise reach O;
   - the output goes registers -> shared memory (reusing Q's buffer) -> TMA store;
   - the phased walk: the n-th of each ``num_slots`` consecutive CTAs (launch order = grid
     order, tiles fastest) starts n/num_slots of the way through its selection and wraps, so
@@ -41,7 +47,7 @@ How:
     so a call is deterministic.
 
 Shared memory: Q 32 KB + K 2x16 KB + V 2x16 KB + barriers = 96 KB + 64 B, within the GB10's
-99 KB.
+99 KB. Shapes and launch limits: ``limits.py``.
 """
 
 from __future__ import annotations
@@ -57,15 +63,12 @@ import cutlass.pipeline as pipeline
 from cutlass import Float32, Int32, const_expr
 from cutlass.cute.nvgpu import cpasync, warp, warpgroup
 
-BLOCK = 128
-HEAD_DIM = 128
-CHUNK = 64
+from fastvideo_cute.jit import CuteKernel, fake_matrix, fake_stream, fake_vector
 
-# Launch limits; fastvideo_cute/adapters/cute_sm120.py mirrors them in its support predicate.
-MAX_BATCH_HEADS = 65535  # grid y
-MAX_ROWS = 2**31 - 1  # B*H*S: TMA row coordinates are int32
-MAX_INDEX_ELEMS = 2**31 - 1  # B*H*T*max_kv: q2k_idx is addressed with int32 offsets
-SMEM_CAPACITY = 99 * 1024  # GB10 / sm_120 opt-in shared memory per block
+from ..common.softmax import mask_keys, online_softmax_update, row_scale
+from ..common.walk import tile_keys, walk_entry, walk_tile
+from . import Mode
+from .limits import BLOCK, CHUNK, HEAD_DIM, KV_STAGES, SMEM_CAPACITY
 
 
 def _mn_view(t: cute.Tensor) -> cute.Tensor:
@@ -87,82 +90,32 @@ def _acc_as_a_operand(t: cute.Tensor) -> cute.Tensor:
     return cute.make_tensor(t.iterator, layout)
 
 
-@cute.jit
-def walk_tile(mIdx: cute.Tensor, query: Int32, e: Int32, start: Int32, count: Int32):
-    """The kv tile of entry ``e`` of a query tile's walk (its list rotated by ``start``), as listed
-    (unchecked)."""
-    at = e + start
-    if at >= count:
-        at = at - count
-    return mIdx[query, at]
+class BlockSparseFwd128Sm120(CuteKernel):
+    """mma.sync + TMA block-sparse forward (see the module docstring). Called (compiled) as
+    ``fn(q2d, k2d, v2d, o2d, idx2d, num1d, vbs1d, num_slots)`` with torch tensors."""
 
-
-@cute.jit
-def tile_keys(mVbs: cute.Tensor, kv_tile: Int32, tiles: Int32):
-    """The valid keys of a listed kv tile, 0..128 (0 for an index outside [0, tiles))."""
-    valid = Int32(0)
-    if kv_tile >= 0 and kv_tile < tiles:
-        valid = cutlass.min(cutlass.max(mVbs[kv_tile], Int32(0)), Int32(BLOCK))
-    return valid
-
-
-@cute.jit
-def walk_entry(mIdx: cute.Tensor, mVbs: cute.Tensor, query: Int32, e: Int32, start: Int32, count: Int32,
-               tiles: Int32):
-    """Entry ``e`` of the rotated walk: (kv tile, its valid keys); invalid tiles have 0 keys."""
-    kv_tile = walk_tile(mIdx, query, e, start, count)
-    return kv_tile, tile_keys(mVbs, kv_tile, tiles)
-
-
-class BlockSparseFwd128Sm120:
-    """mma.sync + TMA block-sparse forward (see the module docstring)."""
-
+    name = "block_sparse_fwd128_sm120"
     arch_family = "mma.sync+tma"
+    dtype = cutlass.BFloat16
 
-    def __init__(self, kv_stages: int = 2, num_mma_warps: int = 8, phased: bool = True,
-                 inline_producer: bool = False, spread_producer: bool = False, split_full: bool = False,
-                 lane_walk: bool = False, late_k_issue: bool = False):
-        """``num_mma_warps``: 8 (16 query rows each) or 4 (32 rows each: every K/V fragment read
-        from shared memory feeds two row blocks, half the ldmatrix traffic per MMA).
-        ``inline_producer``: no producer warp; MMA warp 0 issues the TMA loads, each
-        ``kv_stages`` chunks ahead, as soon as every warp has released the stage (so 4 warps x 255
-        registers leave room for two CTAs per SM where shared memory allows, as on the H200).
-        ``phased``: the phased walk (off only to measure what it buys).
-        ``spread_producer`` (with ``inline_producer``): the loads of chunk ``c + 2`` are issued by
-        MMA warp ``c % num_mma_warps`` instead of always warp 0, and every warp reads the walk two
-        chunks ahead (the chunk row feeds those loads), so no warp, and no SM sub-partition (warp 0
-        of both resident CTAs shares one), carries the producer's work and list-read latency
-        every chunk.
-        ``split_full``: a chunk whose 64 keys are all valid runs a branch-free P V (fragment loads
-        overlap the mma); partial chunks keep the masking path.
-        ``lane_walk`` (spread producer): every warp reads 32 walk entries at once, one per lane
-        (index and tile size, coalesced), and takes each chunk's entry from its lane with one
-        shuffle, so the per-chunk path has no global list reads (two dependent loads whose results
-        the compiler moves to uniform registers at once, stalling the warp on them).
-        ``late_k_issue`` (inline producer): the K load of chunk ``c + 2`` is issued after chunk
-        ``c``'s softmax instead of right after its S = Q K^T, when every warp has most likely
-        released the K slot, so the issuing warp rarely waits for the others."""
-        assert num_mma_warps in (4, 8), "4 warps (32 query rows each) or 8 warps (16 rows each)"
-        assert kv_stages >= 2 or not inline_producer, "the inline producer needs two stages to run ahead"
-        assert inline_producer or not spread_producer, "spread_producer spreads the inline producer"
-        assert kv_stages == 2 or not spread_producer, "spread_producer reads the walk exactly two chunks ahead"
-        assert spread_producer or not lane_walk, "lane_walk serves the spread producer's walk"
-        assert inline_producer or not late_k_issue, "late_k_issue moves the inline producer's K load"
-        self.dtype = cutlass.BFloat16
-        self.kv_stages = kv_stages
-        self.num_mma_warps = num_mma_warps
-        self.num_mma_threads = num_mma_warps * 32
-        self.inline_producer = inline_producer
-        self.producer_warp = num_mma_warps
-        self.num_threads = self.num_mma_threads + (0 if inline_producer else 32)
-        self.phased = phased
-        self.spread_producer = spread_producer
-        self.lane_walk = lane_walk
-        self.late_k_issue = late_k_issue
-        self.split_full = split_full
+    def __init__(self, mode: str = Mode.SIMPLE_SPLIT):
+        self.mode = Mode(mode)
+        # w4r3: the 4 MMA warps issue the loads themselves, in turn; simple_split: a producer warp.
+        self.inline_producer = self.mode is Mode.W4R3
+        self.num_mma_warps = 4 if self.inline_producer else 8
+        self.num_mma_threads = self.num_mma_warps * 32
+        self.producer_warp = self.num_mma_warps
+        self.num_threads = self.num_mma_threads + (0 if self.inline_producer else 32)
+        self.kv_stages = KV_STAGES
         self.softmax_scale_log2 = (1.0 / math.sqrt(HEAD_DIM)) * math.log2(math.e)
-        tile_bytes = 2 * HEAD_DIM * (BLOCK + 2 * CHUNK * kv_stages)
-        assert tile_bytes + 1024 <= SMEM_CAPACITY, "exceeds the GB10's 99 KB of shared memory"
+
+    def config(self):
+        return {"mode": self.mode.value}
+
+    @staticmethod
+    def smem_bytes() -> int:
+        """Q, two K/V rings and the barriers' allowance: must fit the GB10's 99 KB."""
+        return 2 * HEAD_DIM * (BLOCK + 2 * CHUNK * KV_STAGES) + 1024
 
     # ------------------------------------------------------------------ host side
     @cute.jit
@@ -232,7 +185,7 @@ class BlockSparseFwd128Sm120:
         valid = Int32(0)
         if e < count:
             kv_tile = walk_tile(mIdx, query, e, start, count)
-            valid = tile_keys(mVbs, kv_tile, tiles)
+            valid = tile_keys(mVbs, kv_tile, tiles, BLOCK)
         return kv_tile, valid
 
     @cute.jit
@@ -258,7 +211,7 @@ class BlockSparseFwd128Sm120:
         """Chunk ``c`` of the walk (every entry is two 64-key chunks): (chunk row to load, valid keys
         in it, 0..64). A chunk without valid keys is still loaded, from a safe address in this
         head, and skipped by the math, so producer and consumers need no shared skip logic."""
-        kv_tile, valid = walk_entry(mIdx, mVbs, query, c // 2, start, count, tiles)
+        kv_tile, valid = walk_entry(mIdx, mVbs, query, c // 2, start, count, tiles, BLOCK)
         return self.chunk_of(kv_tile, valid, c, head_chunk)
 
     @cute.kernel
@@ -294,7 +247,7 @@ class BlockSparseFwd128Sm120:
             count = Int32(0)
         # The phased walk's first entry (see the module docstring).
         start = Int32(0)
-        if const_expr(self.phased) and 2 * count <= tiles:
+        if 2 * count <= tiles:
             start = (query % num_slots) * count // num_slots
 
         if warp_idx == 0:
@@ -384,15 +337,6 @@ class BlockSparseFwd128Sm120:
         self.issue_chunk(tma_atom, tXgX, tXsX, pipe, chunk, c)
 
     @cute.jit
-    def load_ahead(self, tma_atom, tXgX, tXsX, pipe, row, mIdx, mVbs, query, c, start, count, tiles, head_chunk):
-        """The inline producer's load of chunk ``c``: from ``row``, the chunk row every warp already
-        read (spread producer), or reading the walk now (warp 0 alone)."""
-        if const_expr(self.spread_producer):
-            self.issue_chunk(tma_atom, tXgX, tXsX, pipe, row, c)
-        else:
-            self.load_chunk(tma_atom, tXgX, tXsX, pipe, mIdx, mVbs, query, c, start, count, tiles, head_chunk)
-
-    @cute.jit
     def issue_chunk(self, tma_atom, tXgX, tXsX, pipe, chunk, c):
         """The TMA load of chunk row ``chunk`` as the walk's ``c``-th chunk (into its ring slot)."""
         state = self._producer_state(c)
@@ -445,9 +389,10 @@ class BlockSparseFwd128Sm120:
         total = 2 * count
         stages = self.kv_stages
         if const_expr(self.inline_producer):
-            # Warp 0 is the producer (the DSL elects one lane for the barrier arrive and the TMA
-            # issue; calling them from one lane would deadlock elect.sync): Q and the first
-            # `stages` chunks now, then chunk c + stages once every warp has released chunk c's stage.
+            # Warp 0 issues Q and the first `stages` chunks (the DSL elects one lane for the barrier
+            # arrive and the TMA issue; calling them from one lane would deadlock elect.sync); the
+            # loads of chunk c + stages come from warp c % 4 once every warp has released chunk c's
+            # stage (in the loop below).
             if warp_idx == 0:
                 if count > 0:
                     self.load_q(tma_atom_Q, tQgQ, tQsQ, pipeline_q, query)
@@ -467,44 +412,38 @@ class BlockSparseFwd128Sm120:
         v_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, stages)
         num_k_blocks = cute.size(tSrQ, mode=[2])
         num_pv_k_blocks = cute.size(tOrVt, mode=[2])
-        spread = const_expr(self.spread_producer)
+        inline = const_expr(self.inline_producer)
         # The walk's list reads (index, then that tile's size: two dependent global loads) run ahead
         # of the math, so their latency overlaps a chunk's math instead of starting it: one chunk
-        # ahead, or two (spread producer), where the chunk row also feeds that chunk's loads.
-        by_lane = const_expr(self.lane_walk)
+        # ahead (simple_split), or two, from the 32 entries the lanes hold (w4r3), where the chunk
+        # row also feeds that chunk's loads.
         keys_2nd = Int32(0)
         lane = tidx % 32
-        lane_tile = Int32(0)  # (lane walk) entry 32 * j + lane of the walk: its tile and valid keys
+        lane_tile = Int32(0)  # (w4r3) entry 32 * j + lane of the walk: its tile and valid keys
         lane_valid = Int32(0)
-        if const_expr(spread):
+        if const_expr(inline):
             keys = Int32(0)
             if total > 0:  # (no list read at all for a query tile without entries)
-                if const_expr(by_lane):
-                    lane_tile, lane_valid = self.lane_entries(mIdx, mVbs, query, Int32(0), start, count, tiles, lane)
-                    _, keys = self.lane_chunk(lane_tile, lane_valid, Int32(0), head_chunk)
-                    _, keys_2nd = self.lane_chunk(lane_tile, lane_valid, Int32(1), head_chunk)
-                else:
-                    _, keys = self.walk_chunk(mIdx, mVbs, query, Int32(0), start, count, tiles, head_chunk)
-                    _, keys_2nd = self.walk_chunk(mIdx, mVbs, query, cutlass.min(Int32(1), total - 1), start,
-                                                  count, tiles, head_chunk)
+                lane_tile, lane_valid = self.lane_entries(mIdx, mVbs, query, Int32(0), start, count, tiles, lane)
+                _, keys = self.lane_chunk(lane_tile, lane_valid, Int32(0), head_chunk)
+                _, keys_2nd = self.lane_chunk(lane_tile, lane_valid, Int32(1), head_chunk)
         else:
             _, keys = self.walk_chunk(mIdx, mVbs, query, Int32(0), start, count, tiles, head_chunk)
-        ahead = 2 if self.spread_producer else 1
         for c in cutlass.range(total, unroll=1):
             # (past the last chunk these re-read the last entry: harmless cached loads, no branch)
             row_ahead = Int32(0)
             keys_next = Int32(0)
-            if const_expr(by_lane):
+            if const_expr(inline):
                 # chunk c + 2 starts the next 32 entries: the lanes read them (warp-uniform branch)
                 if (c + 2) % 64 == 0 and c + 2 < total:
                     lane_tile, lane_valid = self.lane_entries(mIdx, mVbs, query, (c + 2) // 2, start, count, tiles,
                                                               lane)
                 row_ahead, keys_next = self.lane_chunk(lane_tile, lane_valid, c + 2, head_chunk)
             else:
-                row_ahead, keys_next = self.walk_chunk(mIdx, mVbs, query, cutlass.min(c + ahead, total - 1), start,
+                row_ahead, keys_next = self.walk_chunk(mIdx, mVbs, query, cutlass.min(c + 1, total - 1), start,
                                                        count, tiles, head_chunk)
-            loader = Int32(0)  # the warp that issues chunk c + stages's loads (inline producer)
-            if const_expr(spread):
+            loader = Int32(0)  # the warp that issues chunk c + stages's loads (w4r3)
+            if const_expr(inline):
                 loader = c % self.num_mma_warps
             # ---- S = Q K^T
             acc_S = cute.make_rmem_tensor(acc_S_shape, Float32)
@@ -520,35 +459,22 @@ class BlockSparseFwd128Sm120:
                         cute.copy(thr_copy_K, tSsK_cur[None, None, k + 1], tSrK_view[None, None, k + 1])
                     cute.gemm(tiled_mma, acc_S, tSrQ[None, None, k], tSrK[None, None, k], acc_S)
             pipeline_k.consumer_release(k_state)
-            if const_expr(self.inline_producer and not self.late_k_issue):
-                if warp_idx == loader and c + stages < total:
-                    self.load_ahead(tma_atom_K, tKgK, tKsK, pipeline_k, row_ahead, mIdx, mVbs, query, c + stages, start,
-                                    count, tiles, head_chunk)
             if keys > 0:
                 # ---- mask keys at or past the chunk's valid count (a select: NaN scores go too)
                 if keys < CHUNK:
-                    for i in cutlass.range_constexpr(cute.size(acc_S)):
-                        if tScS[i][1] >= keys:
-                            acc_S[i] = -Float32.inf
-                # ---- online softmax, P in registers
+                    mask_keys(acc_S, tScS, keys)
+                # ---- online softmax (a row spans 4 lanes), P in registers
                 acc_S_mn = _mn_view(acc_S)
                 for r in cutlass.range_constexpr(num_rows):
-                    row = acc_S_mn[r, None].load()
-                    cur_max = row.reduce(cute.ReductionOp.MAX, row_max[r], 0)
-                    cur_max = cute.arch.warp_reduction_max(cur_max, threads_in_group=4)
-                    prev_max = row_max[r]
-                    row_max[r] = cur_max
-                    # A row whose scores are all -inf (or NaN) so far: exponents relative to 0.
-                    safe_max = Float32(0.0) if cur_max == -Float32.inf else cur_max
-                    p = cute.math.exp2(row * scale_log2 - safe_max * scale_log2, fastmath=True)
-                    acc_S_mn[r, None].store(p)
-                    alpha = cute.math.exp2((prev_max - safe_max) * scale_log2, fastmath=True)
-                    row_sum[r] = row_sum[r] * alpha + p.reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
+                    _, new_max, new_sum, alpha = online_softmax_update(
+                        acc_S_mn[r, None].load(), row_max[r], row_sum[r], scale_log2, threads_in_group=4,
+                        p_out=acc_S_mn[r, None])
+                    row_max[r] = new_max
+                    row_sum[r] = new_sum
                     acc_O_mn[r, None].store(acc_O_mn[r, None].load() * alpha)
-            if const_expr(self.late_k_issue):
+            if const_expr(inline):
                 if warp_idx == loader and c + stages < total:
-                    self.load_ahead(tma_atom_K, tKgK, tKsK, pipeline_k, row_ahead, mIdx, mVbs, query, c + stages, start,
-                                    count, tiles, head_chunk)
+                    self.issue_chunk(tma_atom_K, tKgK, tKsK, pipeline_k, row_ahead, c + stages)
             rP = cute.make_rmem_tensor(acc_S_shape, self.dtype)
             tOrP = _acc_as_a_operand(rP)
             # ---- O += P V
@@ -556,7 +482,7 @@ class BlockSparseFwd128Sm120:
             if keys > 0:
                 rP.store(acc_S.load().to(self.dtype))
                 tOsVt_cur = tOsVt[None, None, None, v_state.index]
-                if const_expr(self.split_full) and keys == CHUNK:
+                if keys == CHUNK:
                     # every key valid: no masking, and the next fragments load while this mma runs
                     cute.copy(thr_copy_V, tOsVt_cur[None, None, 0], tOrVt_view[None, None, 0])
                     for k in cutlass.range_constexpr(num_pv_k_blocks):
@@ -575,13 +501,12 @@ class BlockSparseFwd128Sm120:
                                     tOrVt_k[i] = self.dtype(0.0)
                         cute.gemm(tiled_mma, acc_O, tOrP[None, None, k], tOrVt[None, None, k], acc_O)
             pipeline_v.consumer_release(v_state)
-            if const_expr(self.inline_producer):
+            if const_expr(inline):
                 if warp_idx == loader and c + stages < total:
-                    self.load_ahead(tma_atom_V, tVgV, tVsV, pipeline_v, row_ahead, mIdx, mVbs, query, c + stages, start,
-                                    count, tiles, head_chunk)
+                    self.issue_chunk(tma_atom_V, tVgV, tVsV, pipeline_v, row_ahead, c + stages)
             k_state.advance()
             v_state.advance()
-            if const_expr(spread):
+            if const_expr(inline):
                 keys = keys_2nd
                 keys_2nd = keys_next
             else:
@@ -592,8 +517,7 @@ class BlockSparseFwd128Sm120:
             total = cute.arch.warp_reduction_sum(row_sum[r], threads_in_group=4)
             row_idx = tOcO_mn[r, 0][0]
             # l == 0: no valid key. A NaN sum (NaN query row) is kept, so the row comes out NaN.
-            empty = total == Float32(0.0)
-            inv = Float32(1.0) / (Float32(1.0) if empty else total)
+            inv, empty = row_scale(total)
             keep = (not empty) and row_idx < rows
             for c in cutlass.range_constexpr(cute.size(acc_O_mn, mode=[1])):
                 acc_O_mn[r, c] = acc_O_mn[r, c] * inv if keep else Float32(0.0)
@@ -615,29 +539,17 @@ class BlockSparseFwd128Sm120:
 
     # ------------------------------------------------------------------ compilation
     def fake_args(self) -> tuple:
-        """Fake (tensor-free) arguments of ``__call__``: dynamic row/tile/list sizes, the stream
-        taken from the TVM-FFI environment (the caller's current torch stream)."""
+        """Fake (tensor-free) arguments of ``__call__``: dynamic row/tile/list sizes."""
         rows = cute.sym_int32()
         bht, max_kv, tiles = cute.sym_int32(), cute.sym_int32(), cute.sym_int32()
 
         def rows_x_dim():
-            return cute.runtime.make_fake_compact_tensor(
-                self.dtype, (rows, HEAD_DIM), stride_order=(1, 0), assumed_align=16
-            )
+            return fake_matrix(self.dtype, rows, HEAD_DIM, align=16)
 
-        idx = cute.runtime.make_fake_compact_tensor(Int32, (bht, max_kv), stride_order=(1, 0), assumed_align=4)
-        num = cute.runtime.make_fake_compact_tensor(Int32, (bht,), assumed_align=4)
-        vbs = cute.runtime.make_fake_compact_tensor(Int32, (tiles,), assumed_align=4)
-        stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
-        return (rows_x_dim(), rows_x_dim(), rows_x_dim(), rows_x_dim(), idx, num, vbs, Int32(1), stream)
+        idx = fake_matrix(Int32, bht, max_kv, align=4)
+        num = fake_vector(Int32, bht, align=4)
+        vbs = fake_vector(Int32, tiles, align=4)
+        return (rows_x_dim(), rows_x_dim(), rows_x_dim(), rows_x_dim(), idx, num, vbs, Int32(1), fake_stream())
 
-    def compile(self, arch: str | None = None, tvm_ffi: bool = True):
-        """``cute.compile`` this configuration for ``arch`` ("sm_121a", "sm_120a", "sm_90a"; None:
-        the DSL's default, the local GPU). The result is called as
-        ``fn(q2d, k2d, v2d, o2d, idx2d, num1d, vbs1d, num_slots)`` with torch tensors."""
-        options = []
-        if tvm_ffi:
-            options.append("--enable-tvm-ffi")
-        if arch is not None:
-            options.append(f"--gpu-arch {arch}")
-        return cute.compile(self, *self.fake_args(), options=" ".join(options))
+
+assert BlockSparseFwd128Sm120.smem_bytes() <= SMEM_CAPACITY, "exceeds the GB10's 99 KB of shared memory"

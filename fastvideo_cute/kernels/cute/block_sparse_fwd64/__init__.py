@@ -1,46 +1,35 @@
 """VSA block-sparse attention forward with LSE, 64-token q and kv blocks (CuTe DSL kernels).
 
-``KERNEL_BY_ARCH`` maps an arch family (compute capability ``major * 10 + minor``) to the kernel
-class that serves it. Only data-center Blackwell is targeted: sm_100 (B200/GB200) runs the
-tcgen05 + TMA kernel, compiled for sm_100a. UNVERIFIED ON HARDWARE: it compiles on the CPU box
-(tests/kernels/cute/test_block_sparse_fwd64_compile.py checks its SASS for UTCHMMA and LDTM);
+Only data-center Blackwell is targeted: sm_100 (B200/GB200) and sm_103 run the tcgen05 + TMA
+kernel (``block_sparse_fwd64_sm100.BlockSparseFwd64Sm100``). UNVERIFIED ON HARDWARE: it compiles
+on the CPU box (tests/kernels/cute/test_block_sparse_fwd64_compile.py checks its SASS);
 tests/kernels/cute/test_block_sparse_fwd64_gpu.py runs on a compute-capability 10.x GPU only.
+``softmax_probe.SoftmaxRowProbe`` drives the kernel's (shared, ``common/softmax.py``) softmax math
+on any GPU. Shapes, launch limits and targets: :mod:`.limits`.
 
-Importing this package does not import the CuTe DSL; :func:`kernel_class` does.
+Importing this package does not import the CuTe DSL; :func:`kernel` does.
 """
 
 from __future__ import annotations
 
-# arch family -> (module, class name, arch string the kernel is compiled for)
-KERNEL_BY_ARCH = {
-    100: ("block_sparse_fwd64_sm100", "BlockSparseFwd64Sm100", "sm_100a"),
-}
+from .limits import CAPABILITIES
 
-TARGET_ARCHS = ("sm_100a", "sm_103a")
+__all__ = ["REGISTRY_NAME", "TARGET_ARCHS", "kernel_class", "kernel"]
 
-# Variants of one contract (constructor options of the class): "simple" (QK, softmax, PV and the
-# O accumulate strictly in turn per kv block: the bring-up default) and "overlap" (S
-# double-buffered in TMEM, the next block's QK issued right after this block's PV). Both
-# compile; neither has run on hardware yet.
-VARIANTS = {
-    "simple": {"overlap": False},
-    "overlap": {"overlap": True},
-}
+#: the kernel's name in ``fastvideo_cute.kernels.cute.REGISTRY`` (compile_check, warm-up)
+REGISTRY_NAME = "block_sparse_fwd64_sm100"
+
+#: the archs the kernel is compiled for
+TARGET_ARCHS = tuple(CAPABILITIES.values())
 
 
-def variant_kernel(variant: str = "simple"):
-    """An instance of the sm_100 kernel configured as ``variant`` ("simple", "overlap")."""
-    return kernel_class(100)(**VARIANTS[variant])
+def kernel_class():
+    """The sm_100 kernel class (imports the CuTe DSL)."""
+    from .block_sparse_fwd64_sm100 import BlockSparseFwd64Sm100
+
+    return BlockSparseFwd64Sm100
 
 
-def kernel_class(arch_family: int = 100):
-    """The kernel class for an arch family (100); KeyError if none is targeted."""
-    import importlib
-
-    module, name, _ = KERNEL_BY_ARCH[arch_family]
-    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
-
-
-def target_arch(arch_family: int = 100) -> str:
-    """The ``--gpu-arch`` string for an arch family: "sm_100a" for 100."""
-    return KERNEL_BY_ARCH[arch_family][2]
+def kernel():
+    """The sm_100 kernel object (a :class:`fastvideo_cute.jit.CuteKernel`)."""
+    return kernel_class()()

@@ -30,10 +30,9 @@ How (correctness first; the simplest exact tcgen05 structure):
     shared memory in the UMMA K-major layout; O_j = P V (tcgen05.mma, 128 x 128 x 64) into TMEM
     columns 128-255, loaded back and accumulated as ``O = O * alpha + O_j`` in registers;
   - the epilogue normalises and writes O (bf16) and the LSE (fp32) from registers;
-  - the masking and softmax/LSE math is ``softmax_math.py``: arch-independent code that also
-    builds for sm_90a, where its probe kernel runs (so that part is testable on an H200);
-  - variant ``overlap=True``: S double-buffered (TMEM columns 0-63 / 64-127) and the next
-    block's QK issued right after this block's PV (see :meth:`mma_warp_loop_overlap`).
+  - the list walk, the masking and the softmax/LSE math are the shared ``common/walk.py`` and
+    ``common/softmax.py``: arch-independent code that also builds for sm_90a, where the probe
+    kernel (``softmax_probe.py``) runs it (so that part is testable on an H200).
 
 Hand-offs (mbarriers): ``q``/``kv[2]`` (TMA transaction bytes), ``s`` and ``o`` (tcgen05.commit
 after QK / PV), ``p`` (64 softmax-thread arrivals: P written, V padding zeroed, S read, the
@@ -43,7 +42,7 @@ same entries (those with valid keys), so a selection entry with 0 valid keys cos
 UNVERIFIED ON HARDWARE: compiled and SASS-checked on a CPU box only (no sm_100 GPU lent).
 
 Shared memory: Q 32 KB + K 2 x 16 KB + V 2 x 16 KB + P 16 KB + barriers = 112 KB + 128 B
-(two CTAs per SM); TMEM: 256 columns (two CTAs per SM).
+(two CTAs per SM); TMEM: 256 columns (two CTAs per SM). Shapes and launch limits: ``limits.py``.
 """
 
 from __future__ import annotations
@@ -55,45 +54,32 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 import cutlass.utils.blackwell_helpers as sm100_utils
-from cutlass import Float32, Int32, const_expr
-from cutlass._mlir.dialects import llvm
+from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import cpasync, tcgen05
 
-from .softmax_math import finalize_row, mask_keys, online_softmax_update
+from fastvideo_cute.jit import CuteKernel, fake_matrix, fake_stream, fake_vector
 
-BLOCK = 64
-HEAD_DIM = 128
-MMA_M = 128  # tcgen05 cta_group::1 tile rows; rows 64-127 are computed and discarded
-TMEM_COLS = 256  # S: columns 0-63 (overlap: and 64-127), O_j: columns 128-255
+from ..common.softmax import finalize_row, mask_keys, online_softmax_update
+from ..common.tcgen05 import fence_after, fence_before
+from ..common.walk import list_entry, next_valid
+from .limits import BLOCK, HEAD_DIM, KV_STAGES, MMA_M
+
+TMEM_COLS = 256  # S: columns 0-63, O_j: columns 128-255
 TMEM_O_OFFSET = 128
 
-# Launch limits; fastvideo_cute/adapters/cute_sm100_fwd.py mirrors them in its support predicate.
-MAX_BATCH_HEADS = 65535  # grid y
-MAX_ROWS = 2**31 - 1 - MMA_M  # B*H*S (+ the 64 discarded rows of the last Q tile): int32 rows
-MAX_INDEX_ELEMS = 2**31 - 1  # B*H*T*max_kv: q2k_idx is addressed with int32 offsets
 
+class BlockSparseFwd64Sm100(CuteKernel):
+    """tcgen05 + TMA block-sparse forward with LSE, 64-token blocks (see the module docstring).
+    Called (compiled) as ``fn(q2d, k2d, v2d, o2d, lse1d, idx2d, num1d, vbs1d)`` with torch tensors."""
 
-def _tcgen05_fence(kind: str) -> None:
-    """``tcgen05.fence::{before,after}_thread_sync``: order tcgen05 operations (MMA, TMEM
-    loads) around an mbarrier hand-off between threads."""
-    llvm.inline_asm(None, [], f"tcgen05.fence::{kind}_thread_sync;", "", has_side_effects=True,
-                    is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
-
-
-class BlockSparseFwd64Sm100:
-    """tcgen05 + TMA block-sparse forward with LSE, 64-token blocks (see the module docstring)."""
-
+    name = "block_sparse_fwd64_sm100"
     arch_family = "tcgen05+tma"
 
-    def __init__(self, kv_stages: int = 2, overlap: bool = False):
-        assert kv_stages == 2, "the ring's phase arithmetic assumes two stages"
-        # overlap=False ("simple"): QK, softmax, PV, O accumulate strictly in turn per kv block.
-        # overlap=True ("overlap"): S is double-buffered in TMEM (columns 0-63 / 64-127) and the
-        # MMA warp issues the next block's QK right after this block's PV, so QK runs under the
-        # softmax threads' O accumulate (the next K/V load then waits for this block's PV).
-        self.overlap = overlap
+    def __init__(self):
+        # QK, softmax, PV and the O accumulate strictly in turn per kv block (no configuration:
+        # bf16, head_dim 128, 64-token blocks, two K/V stages).
         self.dtype = cutlass.BFloat16
-        self.kv_stages = kv_stages
+        self.kv_stages = KV_STAGES
         self.num_softmax_warps = 2  # 64 rows, one per thread
         self.mma_warp = 2
         self.num_softmax_threads = 32 * self.num_softmax_warps
@@ -101,6 +87,9 @@ class BlockSparseFwd64Sm100:
         self.softmax_scale_log2 = (1.0 / math.sqrt(HEAD_DIM)) * math.log2(math.e)
         self.mma_tiler_qk = (MMA_M, BLOCK, HEAD_DIM)
         self.mma_tiler_pv = (MMA_M, HEAD_DIM, BLOCK)
+
+    def config(self):
+        return {}
 
     # ------------------------------------------------------------------ host side
     @cute.jit
@@ -175,30 +164,6 @@ class BlockSparseFwd64Sm100:
         )
 
     # ------------------------------------------------------------------ device side
-    @cute.jit
-    def entry_keys(self, mIdx: cute.Tensor, mVbs: cute.Tensor, query: Int32, e: Int32, tiles: Int32):
-        """Entry ``e`` of the query block's list: (kv block, its valid keys); invalid blocks have 0."""
-        kv_tile = mIdx[query, e]
-        valid = Int32(0)
-        if kv_tile >= 0 and kv_tile < tiles:
-            valid = cutlass.min(cutlass.max(mVbs[kv_tile], Int32(0)), Int32(BLOCK))
-        return kv_tile, valid
-
-    @cute.jit
-    def next_valid(self, mIdx: cute.Tensor, mVbs: cute.Tensor, query: Int32, e: Int32, count: Int32,
-                   tiles: Int32):
-        """The first entry at or after ``e`` with valid keys, ``count`` if none."""
-        j = e
-        searching = j < count
-        while searching:
-            _, valid = self.entry_keys(mIdx, mVbs, query, j, tiles)
-            if valid > 0:
-                searching = False
-            else:
-                j = j + 1
-                searching = j < count
-        return j
-
     @cute.kernel
     def kernel(
         self,
@@ -269,8 +234,7 @@ class BlockSparseFwd64Sm100:
         tOtO = cute.make_tensor(tmem_ptr + TMEM_O_OFFSET, tOtO_fake.layout)
 
         if warp_idx == self.mma_warp:
-            mma_loop = self.mma_warp_loop_overlap if const_expr(self.overlap) else self.mma_warp_loop
-            mma_loop(tiled_mma_qk, tiled_mma_pv, thr_mma_qk, thr_mma_pv, tma_atom_Q, mQ,
+            self.mma_warp_loop(tiled_mma_qk, tiled_mma_pv, thr_mma_qk, thr_mma_pv, tma_atom_Q, mQ,
                                tma_atom_K, mK, tma_atom_V, mVt, sQ, sK, sV, sP, tStS, tOtO,
                                mbar_q, mbar_kv, mbar_s, mbar_p, mbar_o, mIdx, mVbs, query, count, tiles)
         else:
@@ -303,22 +267,22 @@ class BlockSparseFwd64Sm100:
         tCrV = tiled_mma_pv.make_fragment_B(sV)
         head_block = (query // tiles) * tiles  # bh * T: the first kv block of this head
 
-        e = self.next_valid(mIdx, mVbs, query, Int32(0), count, tiles)
+        e = next_valid(mIdx, mVbs, query, Int32(0), count, tiles, BLOCK)
         if e < count:
             with cute.arch.elect_one():
                 cute.arch.mbarrier_arrive_and_expect_tx(mbar_q, self.q_bytes)
             cute.copy(tma_atom_Q, tQgQ, tQsQ[(None, 0)], tma_bar_ptr=mbar_q)
-            kv_tile, _ = self.entry_keys(mIdx, mVbs, query, e, tiles)
+            kv_tile, _ = list_entry(mIdx, mVbs, query, e, tiles, BLOCK)
             self.load_kv(tma_atom_K, tma_atom_V, tKgK, tKsK, tVgV, tVsV, mbar_kv, head_block + kv_tile, 0)
             cute.arch.mbarrier_wait(mbar_q, 0)
         it = Int32(0)
         while e < count:
             stage = it % 2
             phase = (it // 2) % 2
-            en = self.next_valid(mIdx, mVbs, query, e + 1, count, tiles)
+            en = next_valid(mIdx, mVbs, query, e + 1, count, tiles, BLOCK)
             if en < count:
                 # The other stage was read by the previous block's MMAs, which have completed.
-                kv_next, _ = self.entry_keys(mIdx, mVbs, query, en, tiles)
+                kv_next, _ = list_entry(mIdx, mVbs, query, en, tiles, BLOCK)
                 self.load_kv(tma_atom_K, tma_atom_V, tKgK, tKsK, tVgV, tVsV, mbar_kv, head_block + kv_next,
                              1 - stage)
             cute.arch.mbarrier_wait(mbar_kv + stage, phase)
@@ -330,7 +294,7 @@ class BlockSparseFwd64Sm100:
                 tcgen05.commit(mbar_s)
             # P written (and V's padding rows zeroed) by the softmax threads.
             cute.arch.mbarrier_wait(mbar_p, it % 2)
-            _tcgen05_fence("after")
+            fence_after()
             # O_j = P V
             for k in cutlass.range_constexpr(cute.size(tCrP, mode=[2])):
                 tiled_mma_pv.set(tcgen05.Field.ACCUMULATE, k != 0)
@@ -340,88 +304,6 @@ class BlockSparseFwd64Sm100:
             cute.arch.mbarrier_wait(mbar_o, it % 2)
             e = en
             it = it + 1
-
-    @cute.jit
-    def mma_warp_loop_overlap(self, tiled_mma_qk, tiled_mma_pv, thr_mma_qk, thr_mma_pv, tma_atom_Q, mQ,
-                              tma_atom_K, mK, tma_atom_V, mVt, sQ, sK, sV, sP, tStS, tOtO,
-                              mbar_q, mbar_kv, mbar_s, mbar_p, mbar_o, mIdx, mVbs, query, count, tiles):
-        """The overlap variant: QK of block it+1 (into S buffer (it+1) % 2) is issued right after
-        PV of block it. Hand-offs: QK(it+1) overwrites the S buffer of block it-1, read before
-        P(it-1) was signalled; the K/V stage of block it is reloaded (block it+2) only after PV(it)
-        has completed; P(it+1) and PV(it+1)'s O are produced only after the softmax threads have
-        waited for PV(it) and read its O."""
-        unit = cute.make_layout(1)
-        gQ = cute.local_tile(cute.domain_offset((query * BLOCK, 0), mQ), (MMA_M, HEAD_DIM), (0, 0))
-        tQsQ, tQgQ = cpasync.tma_partition(tma_atom_Q, 0, unit, cute.group_modes(sQ, 0, 3),
-                                           cute.group_modes(thr_mma_qk.partition_A(gQ), 0, 3))
-        gK = cute.local_tile(mK, (BLOCK, HEAD_DIM), (None, 0))
-        tKsK, tKgK = cpasync.tma_partition(tma_atom_K, 0, unit, cute.group_modes(sK, 0, 3),
-                                           cute.group_modes(thr_mma_qk.partition_B(gK), 0, 3))
-        gV = cute.local_tile(mVt, (HEAD_DIM, BLOCK), (0, None))
-        tVsV, tVgV = cpasync.tma_partition(tma_atom_V, 0, unit, cute.group_modes(sV, 0, 3),
-                                           cute.group_modes(thr_mma_pv.partition_B(gV), 0, 3))
-        tCrQ = tiled_mma_qk.make_fragment_A(sQ)
-        tCrK = tiled_mma_qk.make_fragment_B(sK)
-        tCrP = tiled_mma_pv.make_fragment_A(sP)
-        tCrV = tiled_mma_pv.make_fragment_B(sV)
-        head_block = (query // tiles) * tiles
-
-        e = self.next_valid(mIdx, mVbs, query, Int32(0), count, tiles)
-        en = count
-        if e < count:
-            with cute.arch.elect_one():
-                cute.arch.mbarrier_arrive_and_expect_tx(mbar_q, self.q_bytes)
-            cute.copy(tma_atom_Q, tQgQ, tQsQ[(None, 0)], tma_bar_ptr=mbar_q)
-            kv_tile, _ = self.entry_keys(mIdx, mVbs, query, e, tiles)
-            self.load_kv(tma_atom_K, tma_atom_V, tKgK, tKsK, tVgV, tVsV, mbar_kv, head_block + kv_tile, 0)
-            en = self.next_valid(mIdx, mVbs, query, e + 1, count, tiles)
-            if en < count:
-                kv_next, _ = self.entry_keys(mIdx, mVbs, query, en, tiles)
-                self.load_kv(tma_atom_K, tma_atom_V, tKgK, tKsK, tVgV, tVsV, mbar_kv, head_block + kv_next, 1)
-            cute.arch.mbarrier_wait(mbar_q, 0)
-            cute.arch.mbarrier_wait(mbar_kv, 0)
-            self.issue_qk(tiled_mma_qk, tStS, tCrQ, tCrK, Int32(0), mbar_s)
-        it = Int32(0)
-        while e < count:
-            stage = it % 2
-            # P(it) written, V(it)'s padding rows zeroed, S(it) read.
-            cute.arch.mbarrier_wait(mbar_p, it % 2)
-            _tcgen05_fence("after")
-            for k in cutlass.range_constexpr(cute.size(tCrP, mode=[2])):
-                tiled_mma_pv.set(tcgen05.Field.ACCUMULATE, k != 0)
-                cute.gemm(tiled_mma_pv, tOtO, tCrP[None, None, k, 0], tCrV[None, None, k, stage], tOtO)
-            with cute.arch.elect_one():
-                tcgen05.commit(mbar_o)
-            if en < count:
-                cute.arch.mbarrier_wait(mbar_kv + (1 - stage), ((it + 1) // 2) % 2)
-                self.issue_qk(tiled_mma_qk, tStS, tCrQ, tCrK, 1 - stage, mbar_s)
-            # PV(it) done: its K/V stage is free for block it+2.
-            cute.arch.mbarrier_wait(mbar_o, it % 2)
-            enn = count
-            if en < count:
-                enn = self.next_valid(mIdx, mVbs, query, en + 1, count, tiles)
-            if enn < count:
-                kv_after, _ = self.entry_keys(mIdx, mVbs, query, enn, tiles)
-                self.load_kv(tma_atom_K, tma_atom_V, tKgK, tKsK, tVgV, tVsV, mbar_kv, head_block + kv_after,
-                             stage)
-            e = en
-            en = enn
-            it = it + 1
-
-    @cute.jit
-    def issue_qk(self, tiled_mma_qk, tStS, tCrQ, tCrK, stage, mbar_s):
-        """S[stage] = Q K[stage]^T into TMEM columns 64 * stage, then commit to ``mbar_s``.
-        Called inside two different branches: the MMA's accumulate field is traced state that
-        must not escape a branch, so each call uses a fresh tiled MMA of the same shape."""
-        tStS_buf = cute.make_tensor(tStS.iterator + stage * BLOCK, tStS.layout)
-        K_major = cute.nvgpu.OperandMajorMode.K
-        mma = sm100_utils.make_trivial_tiled_mma(self.dtype, self.dtype, K_major, K_major, Float32,
-                                                 tcgen05.CtaGroup.ONE, self.mma_tiler_qk[:2])
-        for k in cutlass.range_constexpr(cute.size(tCrQ, mode=[2])):
-            mma.set(tcgen05.Field.ACCUMULATE, k != 0)
-            cute.gemm(mma, tStS_buf, tCrQ[None, None, k, 0], tCrK[None, None, k, stage], tStS_buf)
-        with cute.arch.elect_one():
-            tcgen05.commit(mbar_s)
 
     @cute.jit
     def load_kv(self, tma_atom_K, tma_atom_V, tKgK, tKsK, tVgV, tVsV, mbar_kv, block, stage):
@@ -468,23 +350,18 @@ class BlockSparseFwd64Sm100:
 
         it = Int32(0)
         for e in cutlass.range(count, unroll=1):
-            _, valid = self.entry_keys(mIdx, mVbs, query, e, tiles)
+            _, valid = list_entry(mIdx, mVbs, query, e, tiles, BLOCK)
             if valid > 0:
                 stage = it % 2
                 phase = (it // 2) % 2
                 # ---- S row from TMEM; mask keys at or past the block's valid count (a select)
                 cute.arch.mbarrier_wait(mbar_s, it % 2)
-                _tcgen05_fence("after")
-                if const_expr(self.overlap):
-                    # S of block `it` is in TMEM columns 64 * (it % 2) ...
-                    tStS_buf = cute.make_tensor(tStS_t2r.iterator + stage * BLOCK, tStS_t2r.layout)
-                    cute.copy(thr_s_load, tStS_buf, rS)
-                else:
-                    cute.copy(thr_s_load, tStS_t2r, rS)
+                fence_after()
+                cute.copy(thr_s_load, tStS_t2r, rS)
                 cute.arch.fence_view_async_tmem_load()
                 if valid < BLOCK:
                     mask_keys(rS, tScS_t2r, valid)
-                # ---- online softmax: one row per thread, no shuffles (softmax_math.py)
+                # ---- online softmax: one row per thread, no shuffles (common/softmax.py)
                 p, row_max, row_sum, alpha = online_softmax_update(rS.load(), row_max, row_sum, scale_log2)
                 rP.store(p.to(self.dtype))
                 # ---- P -> shared memory (UMMA K-major, 128-byte swizzle), 16 bytes at a time
@@ -498,11 +375,11 @@ class BlockSparseFwd64Sm100:
                             d = tidx + h * self.num_softmax_threads
                             sV[((d, key % 16), 0, key // 16, stage)] = self.dtype(0.0)
                 cute.arch.fence_view_async_shared()
-                _tcgen05_fence("before")  # this row's S load precedes the arrival
+                fence_before()  # this row's S load precedes the arrival
                 cute.arch.mbarrier_arrive(mbar_p)
                 # ---- O = O * alpha + P V
                 cute.arch.mbarrier_wait(mbar_o, it % 2)
-                _tcgen05_fence("after")
+                fence_after()
                 for c in cutlass.range_constexpr(cute.size(tOtO_t2r, mode=[2])):
                     cute.copy(thr_o_load, tOtO_t2r[None, None, c], rOj)
                     cute.arch.fence_view_async_tmem_load()
@@ -524,30 +401,15 @@ class BlockSparseFwd64Sm100:
 
     # ------------------------------------------------------------------ compilation
     def fake_args(self) -> tuple:
-        """Fake (tensor-free) arguments of ``__call__``: dynamic row/block/list sizes, the stream
-        taken from the TVM-FFI environment (the caller's current torch stream)."""
+        """Fake (tensor-free) arguments of ``__call__``: dynamic row/block/list sizes."""
         rows = cute.sym_int32()
         bht, max_kv, tiles = cute.sym_int32(), cute.sym_int32(), cute.sym_int32()
 
         def rows_x_dim():
-            return cute.runtime.make_fake_compact_tensor(
-                self.dtype, (rows, HEAD_DIM), stride_order=(1, 0), assumed_align=16
-            )
+            return fake_matrix(self.dtype, rows, HEAD_DIM, align=16)
 
-        lse = cute.runtime.make_fake_compact_tensor(Float32, (rows,), assumed_align=4)
-        idx = cute.runtime.make_fake_compact_tensor(Int32, (bht, max_kv), stride_order=(1, 0), assumed_align=4)
-        num = cute.runtime.make_fake_compact_tensor(Int32, (bht,), assumed_align=4)
-        vbs = cute.runtime.make_fake_compact_tensor(Int32, (tiles,), assumed_align=4)
-        stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
-        return (rows_x_dim(), rows_x_dim(), rows_x_dim(), rows_x_dim(), lse, idx, num, vbs, stream)
-
-    def compile(self, arch: str | None = "sm_100a", tvm_ffi: bool = True):
-        """``cute.compile`` this configuration for ``arch`` ("sm_100a"; "sm_103a" where the
-        toolchain allows). The result is called as ``fn(q2d, k2d, v2d, o2d, lse1d, idx2d, num1d,
-        vbs1d)`` with torch tensors."""
-        options = []
-        if tvm_ffi:
-            options.append("--enable-tvm-ffi")
-        if arch is not None:
-            options.append(f"--gpu-arch {arch}")
-        return cute.compile(self, *self.fake_args(), options=" ".join(options))
+        lse = fake_vector(Float32, rows, align=4)
+        idx = fake_matrix(Int32, bht, max_kv, align=4)
+        num = fake_vector(Int32, bht, align=4)
+        vbs = fake_vector(Int32, tiles, align=4)
+        return (rows_x_dim(), rows_x_dim(), rows_x_dim(), rows_x_dim(), lse, idx, num, vbs, fake_stream())
