@@ -28,7 +28,7 @@ class Case:
     topk: int = 2  # vsa only
     map_form: str = "global4"  # bs only: global4 | global3 | local4 | local3
     grad: bool = True
-    max_chunks: bool = False  # head_chunks = heads per rank (else 1)
+    chunks: int = 1  # head_chunks = min(chunks, heads per rank)
     dtype: torch.dtype = torch.float32
     seed: int = 0
 
@@ -139,7 +139,7 @@ def run_ulysses(case: Case, t: Dict[str, torch.Tensor], rank: int, world: int, g
     _, ulysses = _fns(case)
     leaves = [seq_slice(case, t[n], rank, world).clone().requires_grad_(case.grad) for n in grad_names(case)]
     dout = seq_slice(case, t["dout"], rank, world)
-    chunks = case.heads // world if case.max_chunks else 1
+    chunks = min(case.chunks, case.heads // world)
     with torch.set_grad_enabled(case.grad):
         if case.kind == "vsa":
             gate = leaves[3] if case.gate else None
@@ -161,7 +161,7 @@ def result_seq_dim(case: Case, key: str) -> int:
 # dim of the views; ``vsa_bshd_chunks`` runs two head chunks per rank at world 2.
 CPU_CASES = {c.name: c for c in (
     Case("vsa_bhsd_gate", "vsa", False, 64, 1, 4, 256, 32, gate=True),
-    Case("vsa_bshd_chunks", "vsa", True, 64, 1, 4, 256, 32, max_chunks=True, seed=1),
+    Case("vsa_bshd_chunks", "vsa", True, 64, 1, 4, 256, 32, chunks=2, seed=1),
     Case("bs64_bshd_global4_b2", "bs", True, 64, 2, 2, 256, 32, map_form="global4", seed=2),
     Case("bs128_bhsd_local3", "bs", False, 128, 1, 2, 256, 32, map_form="local3", seed=3),
     Case("bs256_bshd_global3_nograd", "bs", True, 256, 1, 2, 512, 32, map_form="global3", grad=False, seed=4),
@@ -172,3 +172,18 @@ CPU_PLAN = {
     2: ("vsa_bhsd_gate", "vsa_bshd_chunks", "bs64_bshd_global4_b2", "bs128_bhsd_local3", "bs256_bshd_global3_nograd"),
     4: ("vsa_bhsd_gate",),
 }
+
+# The NCCL cases (GPU, bf16, D=128, H=8 so 2, 4 and 8 ranks divide it; 4096 tokens = 64/32/16
+# tiles of 64/128/256, so every rank's slice is whole tiles up to 8 ranks).
+GPU_CASES = {c.name: c for c in (
+    Case("vsa64_bshd_gate", "vsa", True, 64, 1, 8, 4096, 128, gate=True, topk=8, dtype=torch.bfloat16, seed=10),
+    Case("vsa64_bhsd_chunks", "vsa", False, 64, 1, 8, 4096, 128, chunks=2, topk=8, dtype=torch.bfloat16, seed=11),
+    Case("vsa64_bshd_infer", "vsa", True, 64, 1, 8, 4096, 128, grad=False, topk=8, dtype=torch.bfloat16, seed=12),
+    Case("vsa128_bhsd_gate", "vsa", False, 128, 1, 8, 4096, 128, gate=True, topk=4, dtype=torch.bfloat16,
+         seed=13),
+    Case("bs64_bhsd_global4", "bs", False, 64, 2, 8, 4096, 128, map_form="global4", dtype=torch.bfloat16, seed=14),
+    Case("bs128_bshd_local4", "bs", True, 128, 1, 8, 4096, 128, map_form="local4", chunks=2,
+         dtype=torch.bfloat16, seed=15),
+    Case("bs256_bhsd_global3", "bs", False, 256, 1, 8, 4096, 128, map_form="global3", dtype=torch.bfloat16,
+         seed=16),
+)}

@@ -3,7 +3,7 @@
 ``gloo_suite``: the argument errors (first: they must raise before any collective, or the cases
 after them would desync), the size-1-group pass-through, then the CPU cases of ``_cases.CPU_PLAN``;
 it returns this rank's slices for the parent to compare with the single-process call.
-``nccl_suite`` lives in ``_gpu_jobs.py``.
+``nccl_suite``: the GPU parity checks of ``_gpu_jobs.py``.
 """
 
 from __future__ import annotations
@@ -91,3 +91,9 @@ def gloo_suite(rank: int, world: int) -> Dict[str, Any]:
         except Exception:  # noqa: BLE001 - reported per case by the parent
             result["cases"][name] = traceback.format_exc()
     return result
+
+
+def nccl_suite(rank: int, world: int, route: str, device: str = "cuda", cases=None) -> Dict[str, Any]:
+    from tests.distributed._gpu_jobs import parity_suite
+
+    return parity_suite(rank, world, route, device, cases)

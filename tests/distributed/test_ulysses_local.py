@@ -92,14 +92,14 @@ def test_heads_not_divisible_names_heads_and_group_size(monkeypatch):
         fvd.ulysses_block_sparse_attn_bshd(q, q, q, torch.ones(4, 3, 3, dtype=torch.bool), sizes)
 
 
-def test_no_group_is_a_zero_copy_pass_through(monkeypatch):
+def test_no_group_is_a_zero_copy_pass_through(monkeypatch, device):
     """World size 1: the single-GPU function, called as is (same output and gradients, bit for
     bit; nothing packed, nothing communicated)."""
     monkeypatch.setattr(dist, "all_to_all_single", lambda *a, **k: pytest.fail("communicated"))
     monkeypatch.setattr(ex, "start", lambda *a, **k: pytest.fail("packed"))
     g = torch.Generator().manual_seed(5)
-    q, k, v, gate, dout = (torch.randn(1, 1, 128, 32, generator=g) for _ in range(5))
-    sizes = torch.tensor([64, 23], dtype=torch.int32)
+    q, k, v, gate, dout = (torch.randn(1, 1, 128, 32, generator=g).to(device) for _ in range(5))
+    sizes = torch.tensor([64, 23], dtype=torch.int32, device=device)
     leaves = [t.clone().requires_grad_(True) for t in (q, k, v, gate)]
     out = fvd.ulysses_video_sparse_attn(*leaves[:3], sizes, sizes, 1, 64, leaves[3])
     grads = torch.autograd.grad(out, leaves, dout)
