@@ -4,7 +4,8 @@ group over a file rendezvous (no ports), run one job per rank, and hand back eac
 A job is ``tests.distributed._jobs.<name>(rank, world, *args) -> picklable``; each rank saves its
 result with ``torch.save`` and the parent loads them. gloo children switch on the Triton
 interpreter before anything imports ``fastvideo_cute`` and use one thread each (the CI box has two
-cores); NCCL children take GPU ``rank``. A child that raises or outlives ``timeout`` fails the call
+cores); NCCL children take GPU ``rank``; ``"gloo-cuda"`` runs gloo with every rank on GPU 0 (CUDA
+tensors, real kernels: the pipeline on one GPU). A child that raises or outlives ``timeout`` fails the call
 with its traceback.
 """
 
@@ -26,9 +27,11 @@ def _worker(rank: int, world: int, backend: str, job: str, args: tuple, tmpdir: 
     if backend == "gloo":
         os.environ["TRITON_INTERPRET"] = "1"
         torch.set_num_threads(1)
+    elif backend == "gloo-cuda":
+        torch.cuda.set_device(0)
     else:
         torch.cuda.set_device(rank)
-    dist.init_process_group(backend, init_method=f"file://{tmpdir}/rendezvous", rank=rank, world_size=world,
+    dist.init_process_group("gloo" if backend == "gloo-cuda" else backend, init_method=f"file://{tmpdir}/rendezvous", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=90))
     try:
         from tests.distributed import _jobs
