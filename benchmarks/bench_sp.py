@@ -388,7 +388,10 @@ def plot(payload: dict, path: str) -> Optional[str]:
             ns = [r["n"] for r in sel]
             ax_t.plot(ns, [r["ms"] for r in sel], "o-", label=f"layer {mode}")
             ax_t.plot(ns, [r["attn_ms"] for r in sel], "s--", label=f"attention alone {mode}")
-            ax_t.plot(ns, [r.get("a2a_total_ms", 0.0) for r in sel], "^:", label=f"all-to-all alone {mode}")
+            comm = [r for r in sel if "a2a_total_ms" in r]
+            if comm:
+                ax_t.plot([r["n"] for r in comm], [r["a2a_total_ms"] for r in comm], "^:",
+                          label=f"all-to-all alone {mode}")
         for scaling, style in (("strong", "o-"), ("weak", "s--")):
             sel = sorted((r for r in rows if r["scaling"] == scaling and r["mode"] == mode and "efficiency" in r),
                          key=lambda r: (r["head_chunks"], r["n"]))
@@ -397,6 +400,9 @@ def plot(payload: dict, path: str) -> Optional[str]:
                 part = sorted({r["n"]: r for r in part}.values(), key=lambda r: r["n"])
                 lab = f"{scaling} {mode}" + (f" chunks={chunks}" if chunks > 1 else "")
                 ax_e.plot([r["n"] for r in part], [r["efficiency"] for r in part], style, label=lab)
+    ticks = sorted({r["n"] for r in rows})
+    ax_t.set_xticks(ticks)
+    ax_e.set_xticks(ticks)
     ax_t.set_xlabel("GPUs (n)")
     ax_t.set_ylabel("ms per attention layer (max over ranks)")
     ax_t.set_yscale("log")
@@ -411,7 +417,8 @@ def plot(payload: dict, path: str) -> Optional[str]:
     ax_e.grid(alpha=0.3)
     a = payload.get("args", {})
     env = payload.get("environment", {})
-    fig.suptitle(f"Ulysses VSA, {a.get('preset')} (block {a.get('block')}, sparsity {a.get('sparsity')}, "
+    shape = "smoke shapes" if a.get("smoke") else a.get("preset")
+    fig.suptitle(f"Ulysses VSA, {shape} (block {a.get('block')}, sparsity {a.get('sparsity')}, "
                  f"{a.get('dtype')}, route {a.get('route')}) on {env.get('gpu', '?')}", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=130)
@@ -437,8 +444,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     import torch.distributed as dist
 
     cuda = torch.cuda.is_available()
-    if not cuda:
+    if not cuda:  # a CPU smoke run: the Triton interpreter, whose bf16 arithmetic is wrong
         os.environ.setdefault("TRITON_INTERPRET", "1")
+        args.dtype = "fp32" if args.dtype == "bf16" else args.dtype
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
     if cuda:
