@@ -29,10 +29,10 @@ the reported time is the max over the group's ranks):
 - weak scaling (``--weak-heads`` heads per rank, H = that x n, same sequence and sparsity, so
   every rank's attention work is the same at every n): efficiency = t(1) / t(n);
 - at n = 1, the overhead of the Ulysses call (a zero-copy pass-through) over calling
-  ``video_sparse_attn_bshd`` directly, timed interleaved (target <= 2 %).
+  ``video_sparse_attn_bshd`` directly, per mode, timed interleaved (target <= 2 %).
 
-Writes JSON (environment, arguments, rows) to benchmarks/results/<name>.json, and a chart with
---plot when matplotlib is installed (``--replot JSON --plot PNG`` redraws it anywhere).
+Writes JSON (environment, arguments, rows) to benchmarks/results/<name>.json and, when matplotlib
+is installed, the chart beside it (or at --plot; ``--replot JSON --plot PNG`` redraws it anywhere).
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Dict, List, Optional
+from typing import Callable, List, Optional
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
@@ -78,7 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--smoke", action="store_true", help="tiny shapes (H=4, D=32, grid 4x8x16: 8 tiles of 64), 1 rep")
     p.add_argument("--name", default=None, help="results/<name>.json (default sp_<gpu>)")
     p.add_argument("--out", default=None, help="JSON path (overrides --name)")
-    p.add_argument("--plot", default=None, help="PNG path for the chart")
+    p.add_argument("--plot", default=None, help="PNG path for the chart (default: beside the JSON, if matplotlib)")
+    p.add_argument("--no-plot", action="store_true", help="write no chart")
     p.add_argument("--replot", default=None, help="redraw --plot from this JSON and exit (no GPU needed)")
     return p
 
@@ -251,7 +252,6 @@ def _exchange_fns(prob: Problem, n: int, group, local, full):
 def measure(args, dist, rank: int, world: int, device) -> List[dict]:
     import torch
 
-    import fastvideo_cute as fvc
     from fastvideo_cute.warmup_presets import get_preset, tile_for_block
 
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
@@ -306,31 +306,50 @@ def measure(args, dist, rank: int, world: int, device) -> List[dict]:
         series("weak", lambda n: weak_heads * n)
 
     if 1 in ns and rank == 0:  # world size 1: the pass-through against the direct call
-        prob = Problem(grid, tile, heads, head_dim, dtype, args.sparsity, device)
-        q, k, v, gate = prob.tensors(1, heads, grad=False)
-        from fastvideo_cute.distributed import ulysses_video_sparse_attn
-
-        def direct():
-            fvc.video_sparse_attn_bshd(q, k, v, prob.sizes, prob.sizes, prob.topk, prob.tile, gate)
-
-        def ulysses():
-            ulysses_video_sparse_attn(q, k, v, prob.sizes, prob.sizes, prob.topk, prob.tile, gate,
-                                      group=groups[1], layout="bshd")
-
-        with torch.no_grad():
-            td, tu = [], []
-            for _ in range(max(1, args.overhead_reps)):
-                td.append(time_ms(direct, dist, None, device, 1 if not td else 0, 1))
-                tu.append(time_ms(ulysses, dist, None, device, 1 if not tu else 0, 1))
-        d_ms, u_ms = statistics.median(td), statistics.median(tu)
-        rows.append(dict(meta, kind="overhead", n=1, heads=heads, mode="fwd", seq=prob.seq, direct_ms=d_ms,
-                         ulysses_ms=u_ms, overhead_pct=100.0 * (u_ms - d_ms) / d_ms))
-        print(f"[n=1 overhead] direct {d_ms:.3f} ms, ulysses {u_ms:.3f} ms: {100 * (u_ms - d_ms) / d_ms:+.2f} %",
-              flush=True)
+        rows.extend(overhead_rows(args, prob_at_1=Problem(grid, tile, heads, head_dim, dtype, args.sparsity, device),
+                                  group=groups[1], dist=dist, device=device, meta=meta))
     add_efficiencies(rows)
     if dist.is_initialized():
         dist.barrier()
     return rows
+
+
+def overhead_rows(args, prob_at_1: Problem, group, dist, device, meta: dict) -> List[dict]:
+    """``ulysses_video_sparse_attn`` on a group of one vs ``video_sparse_attn_bshd`` on the same
+    tensors, timed interleaved (one call each, alternately, ``--overhead-reps`` times; medians)."""
+    import torch
+
+    import fastvideo_cute as fvc
+    from fastvideo_cute.distributed import ulysses_video_sparse_attn
+
+    prob = prob_at_1
+    q, k, v, gate = prob.tensors(1, prob.heads, grad=True)
+    dout = prob.tensors(1, prob.heads, grad=False, count=1, seed=1)[0]
+    out_rows = []
+    for mode in args.modes:
+        grad = mode == "fwdbwd"
+
+        def call(fn):
+            def run():
+                with torch.set_grad_enabled(grad):
+                    out = fn()
+                    if grad:
+                        torch.autograd.grad(out, (q, k, v, gate), dout)
+            return run
+
+        direct = call(lambda: fvc.video_sparse_attn_bshd(q, k, v, prob.sizes, prob.sizes, prob.topk, prob.tile, gate))
+        ulysses = call(lambda: ulysses_video_sparse_attn(q, k, v, prob.sizes, prob.sizes, prob.topk, prob.tile, gate,
+                                                         group=group, layout="bshd"))
+        td, tu = [], []
+        for i in range(max(1, args.overhead_reps)):
+            td.append(time_ms(direct, dist, None, device, 1 if i == 0 else 0, 1))
+            tu.append(time_ms(ulysses, dist, None, device, 1 if i == 0 else 0, 1))
+        d_ms, u_ms = statistics.median(td), statistics.median(tu)
+        pct = 100.0 * (u_ms - d_ms) / d_ms
+        out_rows.append(dict(meta, kind="overhead", n=1, heads=prob.heads, mode=mode, seq=prob.seq, direct_ms=d_ms,
+                             ulysses_ms=u_ms, overhead_pct=pct, reps=len(td)))
+        print(f"[n=1 overhead {mode}] direct {d_ms:.3f} ms, ulysses {u_ms:.3f} ms: {pct:+.2f} %", flush=True)
+    return out_rows
 
 
 # ---------------------------------------------------------------------------------------------
@@ -466,8 +485,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             out.parent.mkdir(parents=True, exist_ok=True)
             out.write_text(json.dumps(payload, indent=1))
             print(f"wrote {out}")
-            if args.plot:
-                print(plot(payload, args.plot))
+            if not args.no_plot:
+                print(plot(payload, args.plot or str(out.with_suffix(".png"))))
     finally:
         dist.destroy_process_group()
     return 0

@@ -21,7 +21,7 @@ backward (``_Ulysses.backward``), per chunk: ONE all-to-all of ``dout`` to the h
 of dq, dk, dv (, dgate) back to the sequence sharding (async, overlapping the next chunk).
 
 Without a gradient to compute, ``run`` calls the pipeline directly (no autograd Function, no
-graph kept). Limits: eager only (not traced by ``torch.compile``); no double backward; which of
+graph kept). Limits: eager only (``run`` is wrapped in ``torch.compiler.disable``); no double backward; which of
 q, k, v, gate require grad must be the same on every rank (it decides what the backward moves).
 """
 
@@ -152,9 +152,21 @@ class _Ulysses(torch.autograd.Function):
         return (None, *result)
 
 
-def run(plan: Plan, inputs: Sequence[Tensor]):
-    """``out`` (or ``(out, lse)`` when ``plan.has_lse``), sequence-sharded like ``inputs[0]``."""
+def _run(plan: Plan, inputs: Sequence[Tensor]):
     if torch.is_grad_enabled() and any(x.requires_grad for x in inputs):
         return _Ulysses.apply(plan, *inputs)
     out, lse, _ = _forward(plan, inputs, None)
     return (out, lse) if plan.has_lse else out
+
+
+_RUN_EAGER: list = []
+
+
+def run(plan: Plan, inputs: Sequence[Tensor]):
+    """``out`` (or ``(out, lse)`` when ``plan.has_lse``), sequence-sharded like ``inputs[0]``.
+    Excluded from ``torch.compile`` tracing (a graph break: collectives, a nested autograd graph);
+    the ``torch.compiler.disable`` wrapper is made on first use, so importing this module does
+    not import torch._dynamo."""
+    if not _RUN_EAGER:
+        _RUN_EAGER.append(torch.compiler.disable(_run))
+    return _RUN_EAGER[0](plan, inputs)

@@ -97,3 +97,4 @@ def nccl_suite(rank: int, world: int, route: str, device: str = "cuda", cases=No
     from tests.distributed._gpu_jobs import parity_suite
 
     return parity_suite(rank, world, route, device, cases)
+

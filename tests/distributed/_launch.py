@@ -31,8 +31,8 @@ def _worker(rank: int, world: int, backend: str, job: str, args: tuple, tmpdir: 
         torch.cuda.set_device(0)
     else:
         torch.cuda.set_device(rank)
-    dist.init_process_group("gloo" if backend == "gloo-cuda" else backend, init_method=f"file://{tmpdir}/rendezvous", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=90))
+    dist.init_process_group("gloo" if backend == "gloo-cuda" else backend, init_method=f"file://{tmpdir}/rendezvous",
+                            rank=rank, world_size=world, timeout=datetime.timedelta(seconds=90))
     try:
         from tests.distributed import _jobs
 
