@@ -38,10 +38,21 @@ def _single(name):
     return _SINGLE[name]
 
 
-@pytest.fixture(scope="module", params=sorted(CPU_PLAN))
+WORLDS = sorted(CPU_PLAN)
+PAIRS = [(w, n) for w in WORLDS for n in CPU_PLAN[w]]
+
+
+_SUITES: dict = {}
+
+
+@pytest.fixture
 def suite(request, tmp_path_factory):
+    """One spawn per world size (``request.param``), cached for every test of that size whatever
+    order pytest runs them in."""
     world = request.param
-    return world, launch(world, "gloo", "gloo_suite", (), tmp_path_factory.mktemp(f"gloo{world}"))
+    if world not in _SUITES:
+        _SUITES[world] = launch(world, "gloo", "gloo_suite", (), tmp_path_factory.mktemp(f"gloo{world}"))
+    return world, _SUITES[world]
 
 
 def _assemble(case, key, ranks):
@@ -66,14 +77,13 @@ def _check_case(world, results, name):
     return ranks
 
 
-@pytest.mark.parametrize("name", sorted(CPU_CASES))
+@pytest.mark.parametrize("suite,name", PAIRS, indirect=["suite"], ids=[f"{w}ranks-{n}" for w, n in PAIRS])
 def test_parity_with_single_process(suite, name):
     world, results = suite
-    if name not in CPU_PLAN[world]:
-        pytest.skip(f"{name} needs whole tiles per rank: not run at world {world}")
     _check_case(world, results, name)
 
 
+@pytest.mark.parametrize("suite", WORLDS, indirect=True, ids=lambda w: f"{w}ranks")
 def test_gated_vsa_matches_fp32_reference(suite):
     """The assembled output against the independent fp32 torch reference. Tolerance: the one
     tests/test_api.py uses for fp32 on the Triton interpreter (1e-4; 10x for gradients)."""
@@ -93,6 +103,7 @@ def test_gated_vsa_matches_fp32_reference(suite):
         torch.testing.assert_close(_assemble(case, "d" + n, ranks), g, atol=1e-3, rtol=1e-3, msg=f"d{n}")
 
 
+@pytest.mark.parametrize("suite", WORLDS, indirect=True, ids=lambda w: f"{w}ranks")
 def test_bad_arguments_raise_before_any_collective(suite):
     """Every rank raises the same clear error; the cases that ran afterwards on the same group
     passed, so no rank had issued a collective the others did not."""
@@ -119,6 +130,7 @@ def test_bad_arguments_raise_before_any_collective(suite):
     _check_case(world, results, CPU_PLAN[world][0])
 
 
+@pytest.mark.parametrize("suite", WORLDS, indirect=True, ids=lambda w: f"{w}ranks")
 def test_group_of_one_is_a_pass_through(suite):
     world, results = suite
     for rank, res in enumerate(results):
