@@ -180,7 +180,7 @@ def tflops(flops: float, ms: Optional[float]) -> Optional[float]:
 
 
 def group_key(r: dict) -> tuple:
-    return (r["mode"], r["seqlen"], r["block_size"], r["sparsity"], r.get("grid"))
+    return (r["mode"], r["seqlen"], r["block_size"], r["sparsity"], tuple(r.get("grid") or ()))
 
 
 def add_ratios(results: List[dict]) -> None:
