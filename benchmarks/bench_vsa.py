@@ -791,13 +791,13 @@ class Runner:
         from fastvideo_cute.metadata import map_to_index
 
         idx, num = map_to_index(case.block_map)
-        tk = fvk.block_sparse_attn._get_sm90_ops()[0] is not None and not force_triton
-        path = "tk" if tk and fvk.block_sparse_attn._is_sm90() else "triton"
+        tk = sys.modules["fastvideo_kernel.block_sparse_attn"]._get_sm90_ops()[0] is not None and not force_triton
+        path = "tk" if tk and sys.modules["fastvideo_kernel.block_sparse_attn"]._is_sm90() else "triton"
         env = {"FASTVIDEO_VSA_TRITON": "1"} if force_triton else {}
         with _env(env, clear=("FASTVIDEO_VSA_TRITON", "FASTVIDEO_KERNEL_VSA_FORCE_TRITON", "FASTVIDEO_VSA_TK")):
             call = lambda a, b, c: fvk.block_sparse_attn_from_indices(a, b, c, idx, num, case.sizes)  # noqa: E731
             out = self._dense_run(case, mode, call, case.q, case.k, case.v, case.dout)
-        out["extra"] = {"fastvideo_path": path, "fastvideo_C_loaded": fvk.block_sparse_attn._get_sm90_ops()[0]
+        out["extra"] = {"fastvideo_path": path, "fastvideo_C_loaded": sys.modules["fastvideo_kernel.block_sparse_attn"]._get_sm90_ops()[0]
                         is not None}
         return out
 

@@ -127,7 +127,7 @@ class Bench:
                 fvk = _import_fastvideo()
             except _Skip as e:
                 return self._row(entry, p, mode, "skipped", reason=str(e))
-            extra["fastvideo_C_loaded"] = fvk.block_sparse_attn._get_sm90_ops()[0] is not None
+            extra["fastvideo_C_loaded"] = sys.modules["fastvideo_kernel.block_sparse_attn"]._get_sm90_ops()[0] is not None
             call = lambda q, k, v, g: fvk.video_sparse_attn(q, k, v, p.sizes, p.sizes, p.topk,  # noqa: E731
                                                             block_size=p.tile, compress_attn_weight=g)
             with _env({}, clear=("FASTVIDEO_VSA_TRITON", "FASTVIDEO_KERNEL_VSA_FORCE_TRITON", "FASTVIDEO_VSA_TK",

@@ -51,10 +51,16 @@ __all__ = ["vsa_compress", "vsa_compress_backward_", "vsa_select", "vsa_gate"]
 _KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _IN_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _HAS_TRITON: Optional[bool] = None
-# tl.dot input_precision of the coarse attention kernels, forward and backward alike:
-# "ieee" is plain fp32, the contract; "tf32x3" (tensor cores, ~fp32 accuracy) is the alternative
-# to measure (kernels/triton/vsa_select.py: COARSE_PRECISIONS).
-_COARSE_PRECISION = "ieee"
+# tl.dot input_precision of the coarse attention kernels on a GPU, forward and backward alike:
+# "tf32x3" (three TF32 tensor-core products, ~fp32 accuracy: the GPU tests compare the selection
+# with the fp32 reference at Wan-14B 720p size) measured 1.1x faster end to end than plain fp32
+# "ieee" on the H200 (benchmarks/results/vsa_e2e_h200_tf32x3.json vs vsa_e2e_h200.json); the
+# interpreter (CPU tensors) runs "ieee".
+_COARSE_PRECISION = "tf32x3"
+
+
+def _coarse_precision(x: Tensor) -> str:
+    return _COARSE_PRECISION if x.is_cuda else "ieee"
 
 
 # ---------------------------------------------------------------- path choice
@@ -327,7 +333,7 @@ def _select(qc: Tensor, kc: Tensor, vc: Tensor, kv_sizes: Tensor, topk: int, sm_
             with _on(qc):
                 vsa_select_fwd(qc.contiguous(), kc.contiguous(), vc.contiguous(), kv_sizes, out,
                                out_acc if keep_acc else None, lse, idx, num, scores, topk=topk, sm_scale=sm_scale,
-                               precision=_COARSE_PRECISION)
+                               precision=_coarse_precision(qc))
             return out, out_acc, lse, idx, num
     out_acc, lse, idx, num = _select_torch(qc, kc, vc, kv_sizes, topk, sm_scale)
     out = out_acc.to(out_dtype)
@@ -354,7 +360,7 @@ def _select_bwd(dout: Tensor, qc: Tensor, kc: Tensor, vc: Tensor, kv_sizes: Tens
         with _on(qc):
             vsa_coarse_bwd(qc.contiguous(), kc.contiguous(), vc.contiguous(), kv_sizes, dout.contiguous(),
                            out_acc.contiguous(), lse.contiguous(), dqc, dkc, dvc, sm_scale=sm_scale,
-                           precision=_COARSE_PRECISION)
+                           precision=_coarse_precision(qc))
         return dqc, dkc, dvc
     dqc, dkc, dvc = _select_bwd_torch(dout, qc, kc, vc, kv_sizes, out_acc, lse, sm_scale)
     return dqc.contiguous(), dkc.contiguous(), dvc.contiguous()
