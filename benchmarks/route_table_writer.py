@@ -15,7 +15,7 @@ from typing import Dict, List, Tuple
 
 BACKEND_ROUTES = ("triton", "fa4", "cudnn", "sm100")
 # the installed versions a table is valid for (fastvideo_cute.route_table.TRACKED_DISTS)
-TRACKED = ("fastvideo-cute", "flash-attn-4", "nvidia-cutlass-dsl", "nvidia-cudnn-frontend", "triton")
+TRACKED = ("fastvideo-cute", "flash-attn-4", "nvidia-cutlass-dsl", "nvidia-cudnn-frontend", "triton", "torch")
 
 
 def build_route_table(payloads, source: str) -> dict:

@@ -38,8 +38,9 @@ __all__ = ["RouteTable", "RouteTableError", "load_route_table", "active_route_ta
 SCHEMA = 1
 DEFAULT_PATH = Path(__file__).resolve().parent / "data" / "route_table.json"
 TABLE_ENV = "FASTVIDEO_VSA_ROUTE_TABLE"
-#: distributions whose installed version must equal the measured one for the table to hold
-TRACKED_DISTS = ("fastvideo-cute", "flash-attn-4", "nvidia-cutlass-dsl", "nvidia-cudnn-frontend", "triton")
+#: distributions whose installed version must equal the measured one for the table to hold: the
+#: library and the exactly pinned CuTe stack (Triton follows torch, so it is recorded, not required)
+TRACKED_DISTS = ("fastvideo-cute", "flash-attn-4", "nvidia-cutlass-dsl", "nvidia-cudnn-frontend")
 
 _DIRECTIONS = ("fwd", "bwd")
 _TILES = ("full", "partial")

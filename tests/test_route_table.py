@@ -121,7 +121,7 @@ def test_default_route_follows_the_table_per_direction(probe_table):
 def test_a_stale_table_is_logged_once_and_ignored(tmp_path, monkeypatch, caplog):
     path = tmp_path / "t.json"
     entries = [dict(e, order=["triton"]) for e in GOOD["entries"]]
-    path.write_text(json.dumps({**GOOD, "entries": entries, "measured_with": {"triton": "0.0.1"}}))
+    path.write_text(json.dumps({**GOOD, "entries": entries, "measured_with": {"fastvideo-cute": "0.0.1"}}))
     monkeypatch.setenv(route_table.TABLE_ENV, str(path))
     monkeypatch.setattr(routes, "_LOGGED", set())
     info = CallInfo("block_sparse", "cuda", (9, 0), torch.bfloat16, 128, 64, False, q_len=4096, kv_len=4096,
@@ -129,7 +129,7 @@ def test_a_stale_table_is_logged_once_and_ignored(tmp_path, monkeypatch, caplog)
     with caplog.at_level("WARNING", logger="fastvideo_cute"):
         assert routes.select_route(info).name == "triton"
         routes.select_route(info)
-    assert sum("stale: measured with triton==0.0.1" in r.getMessage() for r in caplog.records) == 1
+    assert sum("stale: measured with fastvideo-cute==0.0.1" in r.getMessage() for r in caplog.records) == 1
 
 
 def test_table_off(monkeypatch):
