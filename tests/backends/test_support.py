@@ -39,3 +39,36 @@ def test_sm100_support_refuses_with_reason(change, words):
 def test_sm100_forward_alone_also_serves_sm103():
     ok, _ = BACKENDS["sm100"].support(_with(arch=(10, 3), block_size=64, need_grad=False, q_len=4096, kv_len=4096))
     assert ok
+
+
+@pytest.mark.parametrize("change,words", [
+    (dict(device_type="cpu", arch=None), "needs CUDA tensors"),
+    (dict(arch=(8, 0)), "this GPU is sm_80"),
+    (dict(need_grad=True, kv_all_full=False), "wrong dV when a kv block is partial"),
+    (dict(need_grad=True, dtype=torch.float16), "bfloat16"),
+    (dict(head_dim=32), "head"),
+])
+def test_cudnn_support_refuses_with_reason(change, words):
+    info = _with(**{**dict(arch=(9, 0), block_size=64, need_lse=True, kv_all_full=True), **change})
+    ok, reason = BACKENDS["cudnn"].support(info)
+    assert not ok and words in reason, reason
+
+
+def test_cudnn_serves_the_sm90_forward_with_partial_tiles_when_installed():
+    import importlib.util
+
+    info = _with(arch=(9, 0), block_size=64, need_lse=True, kv_all_full=False)
+    ok, reason = BACKENDS["cudnn"].support(info)
+    if importlib.util.find_spec("cudnn") is None:
+        assert not ok and "fastvideo-cute[cudnn]" in reason
+    else:
+        assert ok, reason
+
+
+def test_forced_cudnn_that_cannot_serve_raises(monkeypatch):
+    from fastvideo_cute.errors import RouteError
+    from fastvideo_cute.routes import select_route
+
+    monkeypatch.setenv("FASTVIDEO_VSA_BACKEND", "cudnn")
+    with pytest.raises(RouteError, match="FASTVIDEO_VSA_BACKEND=cudnn cannot serve this call: cuDNN BSA needs CUDA"):
+        select_route(_with(device_type="cpu", arch=None))
