@@ -45,9 +45,6 @@ class CudnnBackend:
                                    bshd=call.bshd, kv_all_full=call.kv_all_full)
         if not ok:
             return False, reason
-        if call.need_grad and not call.kv_all_full:
-            return False, ("cuDNN 1.32's backward gives wrong dV when a kv block is partial (measured on the H200, "
-                           "tests/logs/h200_2026-12-01_b.log); its forward serves partial blocks")
         if importlib.util.find_spec("cudnn") is None:
             return False, f"nvidia-cudnn-frontend is not installed ({_INSTALL})"
         from ..adapters.cudnn_bsa import cudnn_version_problems

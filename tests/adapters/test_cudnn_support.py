@@ -102,13 +102,15 @@ def test_backward_limits():
     refused(support(SM121, grad=True, block=64), "no backward on SM120")
     for arch in (SM90, SM100, SM110):
         refused(support(arch, dtype=FP16, grad=True, full=True), "backward requires bfloat16")
-    served(support(SM90, grad=True, block=64))
-    served(support(SM90, grad=True, block=128))
-    served(support(SM90, grad=True, block=256))
+    served(support(SM90, grad=True, block=64, full=True))
+    served(support(SM90, grad=True, block=128, full=True))
+    served(support(SM90, grad=True, block=256, full=True))
+    for block in (64, 128, 256):  # measured wrong dV with partial kv blocks (H200): refused
+        refused(support(SM90, grad=True, block=block), "wrong dV when a kv block is partial")
     refused(support(SM90, d=64, grad=True, block=128), "SM90 backward requires head_dim 128")
     refused(support(SM90, d=96, grad=True, block=64), "SM90 backward")
-    served(support(SM100, d=64, grad=True, block=128))
-    served(support(SM100, d=64, grad=True, block=256))
+    served(support(SM100, d=64, grad=True, block=128, full=True))
+    served(support(SM100, d=64, grad=True, block=256, full=True))
     # blk64 with head_dim 64: refused by the blk64 forward already (cuDNN's blk64 backward has the same limit)
     refused(support(SM100, d=64, grad=True, block=64), "blk64 forward")
     refused(support(SM100, d=96, grad=True, block=128), "blk128 backward requires head_dim 64 or 128")
@@ -119,21 +121,21 @@ def test_backward_limits():
 def test_block_sizes_in_the_sm110_blk128_backward():
     """cuDNN: "SM{arch} blk128 backward does not yet support block_sizes" except on sm_100/sm_103."""
     for arch in (SM100, SM103):
-        served(support(arch, grad=True, block=128, full=False))
-        served(support(arch, grad=True, block=256, full=False))
+        served(support(arch, grad=True, block=128, full=True))
+        refused(support(arch, grad=True, block=256, full=False), "wrong dV")  # measured on sm_90: refused everywhere
     for block in (128, 256):
         refused(support(SM110, grad=True, block=block, full=False), "does not yet support block_sizes")
         served(support(SM110, grad=True, block=block, full=True))
-    served(support(SM110, grad=True, block=64, full=False))  # blk64 takes block_sizes
+    refused(support(SM110, grad=True, block=64, full=False), "wrong dV")  # blk64 takes block_sizes, but see above
     served(support(SM110, grad=False, block=128, full=False))  # the forward takes them
 
 
 def test_q_len_differs_from_kv_len_and_edge_limit():
-    served(support(SM90, block=64, grad=True, q_len=64, kv_len=64 * 17))
-    served(support(SM90, block=128, grad=True, q_len=128 * 9, kv_len=128))
+    served(support(SM90, block=64, grad=True, q_len=64, kv_len=64 * 17, full=True))
+    served(support(SM90, block=128, grad=True, q_len=128 * 9, kv_len=128, full=True))
     tile = 64
     big = tile * 50000  # 50000 x 50000 edges > int32
-    refused(support(SM90, block=64, grad=True, q_len=big, kv_len=big), "int32")
+    refused(support(SM90, block=64, grad=True, q_len=big, kv_len=big, full=True), "int32")
     served(support(SM90, block=64, grad=False, q_len=big, kv_len=big))
 
 
