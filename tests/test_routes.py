@@ -17,6 +17,7 @@ BASE = CallInfo("block_sparse", "cuda", (12, 1), torch.bfloat16, 128, 128, False
 def _env(monkeypatch):
     for name in ("FASTVIDEO_VSA_TRITON", "FASTVIDEO_VSA_CUTEDSL", "FASTVIDEO_VSA_BACKEND"):
         monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("FASTVIDEO_VSA_ROUTE_TABLE", "off")  # the rules without the table (test_route_table.py: with)
     monkeypatch.setattr(routes, "_LOGGED", set())
 
 

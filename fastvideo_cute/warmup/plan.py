@@ -53,10 +53,13 @@ def enumerate_plan(workloads: Sequence[Workload], target: Target, modes: Sequenc
 
     Uses :func:`fastvideo_cute.routes.select_route` itself (the routes' support predicates and
     the environment variables, set by ``route``/``backend`` as :func:`route_env` does), so the
-    plan is the decision the op will make. In ``train`` the backward runs on the forward's route
-    (``ops._setup_context`` selects once with ``need_grad=True``)."""
+    plan is the decision the op will make, direction by direction (the route table may put the
+    forward and the backward of one call on different backends; ``PlanUnit.route`` then reads
+    ``"fwd|bwd"`` and each direction's key names its own backend)."""
+    import dataclasses
+
     from ..backends import BACKENDS
-    from ..routes import RouteError, cute_preferences, env_flag, select_route
+    from ..routes import RouteError, cute_preferences, env_flag, select_routes
 
     units: List[PlanUnit] = []
     with route_env(route, backend), _quiet_route_log():
@@ -65,18 +68,20 @@ def enumerate_plan(workloads: Sequence[Workload], target: Target, modes: Sequenc
                 need_grad = mode == "train"
                 info = synthetic_call_info(w, target, need_grad)
                 try:
-                    chosen = select_route(info).name
+                    fwd, bwd = select_routes(info)
                 except RouteError as exc:
                     units.append(PlanUnit(w, mode, None, error=str(exc)))
                     continue
-                unit = PlanUnit(w, mode, chosen)
+                chosen = fwd.name
+                unit = PlanUnit(w, mode, chosen if fwd is bwd else f"{fwd.name}|{bwd.name}")
                 if env_flag("FASTVIDEO_VSA_CUTEDSL") and chosen == "triton":
                     reasons = [f"{name}: {BACKENDS[name].support(info)[1]}" for name in cute_preferences(info)
                                if name in BACKENDS]
                     unit.note = "CuTe falls back: " + ("; ".join(reasons) or "no CuTe backend is registered")
-                keys = BACKENDS[chosen].compile_keys(info)
-                for direction in unit.directions:
-                    unit.keys[direction] = keys[direction]
+                # Each direction's key from the backend that runs it (they may differ: the route table).
+                unit.keys["fwd"] = fwd.compile_keys(dataclasses.replace(info, need_grad=False))["fwd"]
+                if need_grad:
+                    unit.keys["bwd"] = bwd.compile_keys(info)["bwd"]
                 units.append(unit)
     return units
 

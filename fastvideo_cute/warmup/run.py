@@ -234,11 +234,11 @@ def execute_unit(unit: PlanUnit, device, paths: CachePaths, iters: int, seen: se
         tri_delta = None if tri1 is None else tri1 - (tri0 or 0)
         fa_delta = None if fa1 is None else fa1[0] - (fa0[0] if fa0 else 0)
         own_delta = {k: own1[k] - own0[k] for k in own1}
-        status, note = classify(unit.route, new, tri_delta, fa_delta, bool(fa1 and fa1[1]), on_cpu, own_delta)
         key = unit.keys[direction]
+        status, note = classify(key.route, new, tri_delta, fa_delta, bool(fa1 and fa1[1]), on_cpu, own_delta)
         rows.append({
             "id": unit.row_id(direction), "workload": w.name, "mode": unit.mode, "direction": direction,
-            "route": unit.route, "variant": key.label, "key": key.digest(), "first_s": secs,
+            "route": key.route, "variant": key.label, "key": key.digest(), "first_s": secs,
             "cache": status, "note": note, "new_files": sum(n for n, _ in new.values()),
             "new_bytes": sum(b for _, b in new.values()), "repeat_of_key": key.digest() in seen,
             "shape": list(w.shape()), "topk": w.topk,
