@@ -88,6 +88,7 @@ def test_cudnn_kernels_compile_for_sm90a_sm100a_sm120a(tmp_path):
     env.pop("TRITON_INTERPRET", None)
     root = Path(__file__).resolve().parents[2]
     env["PYTHONPATH"] = str(root) + os.pathsep + env.get("PYTHONPATH", "")
+    env["CUTE_DSL_DUMP_DIR"] = str(tmp_path / "dump")  # the kept PTX/cubins go here, not into the cwd
     procs = {arch: subprocess.Popen([sys.executable, __file__, arch, "--out", str(tmp_path)], env=env, cwd=root,
                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for arch in ARCHS}

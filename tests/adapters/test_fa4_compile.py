@@ -135,8 +135,9 @@ def _worker(arch: str, out_dir: Path) -> dict:
     os.environ["CUTE_DSL_ARCH"] = dsl_arch
     os.environ["FLASH_ATTENTION_NUM_SMS"] = str(num_sms)
     os.environ["CUTE_DSL_KEEP"] = "ptx,cubin"
-    os.environ.pop("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED", None)
     out_dir.mkdir(parents=True, exist_ok=True)
+    os.environ["CUTE_DSL_DUMP_DIR"] = str(out_dir)  # kept PTX/cubins go here, not into the cwd
+    os.environ.pop("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED", None)
 
     t_import = time.time()
     import torch
