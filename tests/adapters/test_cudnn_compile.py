@@ -88,6 +88,7 @@ def test_cudnn_kernels_compile_for_sm90a_sm100a_sm120a(tmp_path):
     env.pop("TRITON_INTERPRET", None)
     root = Path(__file__).resolve().parents[2]
     env["PYTHONPATH"] = str(root) + os.pathsep + env.get("PYTHONPATH", "")
+    (tmp_path / "dump").mkdir()
     env["CUTE_DSL_DUMP_DIR"] = str(tmp_path / "dump")  # the kept PTX/cubins go here, not into the cwd
     procs = {arch: subprocess.Popen([sys.executable, __file__, arch, "--out", str(tmp_path)], env=env, cwd=root,
                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -380,10 +381,14 @@ def _worker(arch: str, out_dir: Path) -> dict:
                 cubin = getattr(art, "CUBIN", None)
                 if cubin is None:
                     continue
+                if isinstance(cubin, str):  # with CUTE_DSL_DUMP_DIR set the DSL hands back the dumped file's path
+                    cubin = Path(cubin).read_bytes()
                 path = out_dir / f"{name}.{cname}.{i}.cubin"
                 path.write_bytes(cubin)
                 res["cubins"].append(path.name)
                 ptx = str(getattr(art, "PTX", "") or "")
+                if ptx and "\n" not in ptx and Path(ptx).is_file():  # a dumped file's path, not the text
+                    ptx = Path(ptx).read_text()
                 res["ptx_targets"] += [ln.split()[1].rstrip(",") for ln in ptx.splitlines() if ln.startswith(".target")]
                 if nvdisasm:
                     sass = subprocess.run([nvdisasm, "-c", str(path)], capture_output=True, text=True).stdout
