@@ -150,7 +150,14 @@ def active_route_table(known_backends: Iterable[str]) -> Optional[RouteTable]:
     chosen = os.environ.get(TABLE_ENV, "").strip()
     if chosen.lower() in ("off", "none", "0"):
         return None
-    path = Path(chosen).expanduser() if chosen else DEFAULT_PATH
-    if not chosen and not path.is_file():
-        return None
-    return _load_cached(str(path), tuple(sorted(known_backends)))
+    if not chosen:
+        if not _shipped():
+            return None
+        return _load_cached(str(DEFAULT_PATH), tuple(sorted(known_backends)))
+    return _load_cached(str(Path(chosen).expanduser()), tuple(sorted(known_backends)))
+
+
+@functools.lru_cache(maxsize=1)
+def _shipped() -> bool:
+    """Whether the package ships a table (asked once: routing runs on every call, a stat need not)."""
+    return DEFAULT_PATH.is_file()
