@@ -175,7 +175,9 @@ class Bench:
                 with torch.no_grad():
                     call(q, k, v, g)
             else:
-                torch.autograd.backward(call(q, k, v, g), p.dout)
+                # grad(), not backward(): no accumulation into .grad between iterations (that added
+                # four full-size adds per step to the profile, which the library does not do)
+                torch.autograd.grad(call(q, k, v, g), [q, k, v, g], p.dout)
 
         for _ in range(3):
             once()

@@ -15,10 +15,11 @@ import torch
 from torch import Tensor
 
 from .backends.registry import supported_head_dims
-from .metadata import index_to_map
-from .ops import _refuse_forward_ad, block_sparse_attn_op
-from .vsa_ops import vsa_compress, vsa_gate, vsa_select
+from .call import call_info
+from .ops import EMPTY_ROUTE, _refuse_forward_ad, block_sparse_attn_op
+from .routes import select_route_name
 from .validation import check_block_map, check_block_sizes, check_qkv
+from .vsa_autograd import video_sparse_attn_fn
 
 __all__ = [
     "block_sparse_attn",
@@ -136,18 +137,19 @@ def _video_sparse(q, k, v, variable_block_sizes, q_variable_block_sizes, topk, b
 
     sm_scale = shapes.head_dim ** -0.5
     # Compression branch (fp32 block means over the valid tokens, coarse attention over blocks with
-    # empty kv blocks excluded) and the top-k selection of the pre-softmax scores, fused
-    # (fastvideo_cute.vsa_ops; docs/vsa-glue.md): the q2k lists come straight from the top-k.
-    qc, kc, vc = vsa_compress(q, k, v, q_sizes, kv_sizes, block_elements, bshd,
-                              range_checked=not torch.compiler.is_compiling())
-    out_c, q2k_idx, q2k_num = vsa_select(qc, kc, vc, kv_sizes, topk, sm_scale, q.dtype)
-    block_map = index_to_map(q2k_idx, q2k_num, kvb)
-
-    # Sparse branch on the selected blocks (its LSE is discarded).
-    out_s, _ = block_sparse_attn_op(q, k, v, block_map, kv_sizes, block_size=block_elements, bshd=bshd,
-                                    sm_scale=sm_scale, need_lse=False)
-    # out = out_s + gate * out_c (out_c broadcast over each q block's tokens), one fused launch.
-    return vsa_gate(out_s, out_c, compress_attn_weight, block_elements, bshd)
+    # empty kv blocks excluded), the top-k selection straight to q2k lists, the sparse branch on the
+    # selected blocks (its LSE is discarded) and out = out_s + gate * out_c, as one autograd
+    # function whose backward adds the compression's gradient into the sparse one in place
+    # (fastvideo_cute.vsa_autograd; docs/vsa-glue.md).
+    tensors = (q, k, v) + (() if compress_attn_weight is None else (compress_attn_weight,))
+    need_grad = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+    if q.device.type == "meta" or shapes.batch == 0 or shapes.heads == 0:
+        route = EMPTY_ROUTE
+    else:
+        route = select_route_name(call_info(q, k, block_elements, need_grad, bshd, False, kv_sizes))
+    return video_sparse_attn_fn(q, k, v, compress_attn_weight, q_sizes, kv_sizes, topk=topk, block=block_elements,
+                                bshd=bshd, sm_scale=sm_scale, route=route,
+                                range_checked=not torch.compiler.is_compiling(), need_grad=need_grad)
 
 
 def video_sparse_attn(q: Tensor, k: Tensor, v: Tensor, variable_block_sizes: Tensor, q_variable_block_sizes: Tensor,

@@ -28,12 +28,12 @@ from .call import call_info
 from .routes import ROUTE_SEP, select_route_name
 from .validation import check_sizes_range
 
-__all__ = ["block_sparse_attn_op", "dispatch_counts", "ForwardADError"]
+__all__ = ["block_sparse_attn_op", "dispatch_counts", "ForwardADError", "EMPTY_ROUTE"]
 
 #: (backend name, direction) -> number of calls the ops ran there in this process.
 dispatch_counts: "collections.Counter[Tuple[str, str]]" = collections.Counter()
 
-_EMPTY_ROUTE = "none"  # B == 0 or H == 0 (or meta tensors): nothing to launch
+EMPTY_ROUTE = _EMPTY_ROUTE = "none"  # B == 0 or H == 0 (or meta tensors): nothing to launch
 
 
 class ForwardADError(NotImplementedError):

@@ -32,7 +32,7 @@ _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 SIZE_DTYPES = (torch.int32, torch.int64, torch.int16, torch.int8, torch.uint8)
 
 __all__ = ["check_qkv", "check_block_map", "check_block_sizes", "check_sizes_range", "has_partial_blocks",
-           "Shapes", "SIZE_DTYPES"]
+           "smallest_block", "Shapes", "SIZE_DTYPES"]
 
 
 class Shapes(tuple):
@@ -110,7 +110,8 @@ def check_block_map(block_map, shapes: Shapes, block_size: int, device: torch.de
     return block_map
 
 
-# id(tensor) -> (key, has a partial block) of a tensor whose range was checked; dropped when it dies.
+# id(tensor) -> (key, has a partial block, smallest entry) of a tensor whose range was checked;
+# dropped when it dies.
 _RANGE_OK: dict = {}
 
 
@@ -123,17 +124,17 @@ def _record_key(sizes: torch.Tensor, block_size: int):
     return (version, sizes.data_ptr(), tuple(sizes.shape), block_size)
 
 
-def _remember(sizes: torch.Tensor, key, partial: bool) -> None:
+def _remember(sizes: torch.Tensor, key, partial: bool, smallest: int) -> None:
     if id(sizes) not in _RANGE_OK:
         weakref.finalize(sizes, _RANGE_OK.pop, id(sizes), None)
-    _RANGE_OK[id(sizes)] = (key, partial)
+    _RANGE_OK[id(sizes)] = (key, partial, smallest)
 
 
-def _device_backstop(sizes: torch.Tensor, block_size: int, partial: bool, name: str) -> None:
+def _device_backstop(sizes: torch.Tensor, block_size: int, partial: bool, name: str, smallest: int = 0) -> None:
     lo, hi = torch.aminmax(sizes)
-    ok = (lo >= 0) & (hi <= block_size) if partial else (lo == block_size) & (hi == block_size)
+    ok = (lo >= smallest) & (hi <= block_size) if partial else (lo == block_size) & (hi == block_size)
     torch._assert_async(ok, f"{name} changed behind the library's back (a write through .data, or in place to an "
-                            f"inference tensor) and no longer matches its range check [0, {block_size}]"
+                            f"inference tensor) and no longer matches its range check [{smallest}, {block_size}]"
                             f"{'' if partial else ' with every block full'}; re-create the tensor instead")
 
 
@@ -145,7 +146,7 @@ def check_sizes_range(sizes: torch.Tensor, block_size: int, name: str = "variabl
     key = _record_key(sizes, block_size)
     entry = _RANGE_OK.get(id(sizes))
     if entry is not None and entry[0] == key and sizes.device.type != "cpu":
-        _device_backstop(sizes, block_size, entry[1], name)
+        _device_backstop(sizes, block_size, entry[1], name, entry[2])
         return
     if sizes.is_cuda and torch.cuda.is_current_stream_capturing():
         # A host read is illegal while a CUDA graph is captured: check on the device only (call
@@ -155,7 +156,7 @@ def check_sizes_range(sizes: torch.Tensor, block_size: int, name: str = "variabl
     lo, hi = (int(x) for x in torch.aminmax(sizes))
     if lo < 0 or hi > block_size:
         raise ValueError(f"{name} must lie in [0, {block_size}], got values in [{lo}, {hi}]")
-    _remember(sizes, key, lo < block_size)
+    _remember(sizes, key, lo < block_size, lo)
 
 
 def check_block_sizes(sizes, num_blocks: int, block_size: int, device: torch.device,
@@ -178,7 +179,7 @@ def check_block_sizes(sizes, num_blocks: int, block_size: int, device: torch.dev
     converted = sizes.to(torch.int32).contiguous()
     entry = _RANGE_OK.get(id(sizes))
     if entry is not None and _has_values(converted):
-        _remember(converted, _record_key(converted, block_size), entry[1])
+        _remember(converted, _record_key(converted, block_size), entry[1], entry[2])
     return converted
 
 
@@ -192,3 +193,15 @@ def has_partial_blocks(sizes: torch.Tensor, block_size: int) -> bool:
     if entry is not None and _has_values(sizes) and entry[0] == _record_key(sizes, block_size):
         return entry[1]
     return True
+
+
+def smallest_block(sizes: torch.Tensor, block_size: int) -> Optional[int]:
+    """The smallest entry of ``sizes`` from the range check's record (no sync; the device-side
+    backstop guards it like the "every block full" fact), or None when unknown (no record, or
+    ``torch.compile`` tracing)."""
+    if torch.compiler.is_compiling():
+        return None
+    entry = _RANGE_OK.get(id(sizes))
+    if entry is not None and _has_values(sizes) and entry[0] == _record_key(sizes, block_size):
+        return entry[2]
+    return None

@@ -301,3 +301,60 @@ def test_backward_uses_the_forward_route_even_if_env_changes(monkeypatch):
     monkeypatch.setenv("FASTVIDEO_VSA_BACKEND", "nope")
     (dq,) = torch.autograd.grad(out.sum(), (q,))
     assert torch.isfinite(dq).all()
+
+
+# ---------------------------------------------------------------- VSA's fused backward
+
+def _vsa_case(bshd, seed=21):
+    g = torch.Generator().manual_seed(seed)
+    shape = (1, 192, 2, 32) if bshd else (1, 2, 192, 32)
+    q, k, v, gate = (torch.randn(shape, generator=g).to(DEV) for _ in range(4))
+    sizes = torch.tensor([64, 40, 17], dtype=torch.int32, device=DEV)
+    fn = fvc.video_sparse_attn_bshd if bshd else fvc.video_sparse_attn
+    return (q, k, v, gate), sizes, fn
+
+
+@pytest.mark.parametrize("bshd", [False, True])
+def test_vsa_backward_compiled_fullgraph_equals_eager(bshd):
+    torch._dynamo.reset()
+    base, sizes, vsa = _vsa_case(bshd)
+    fn = lambda q, k, v, g: vsa(q, k, v, sizes, sizes, 2, 64, compress_attn_weight=g)  # noqa: E731
+    results = []
+    for f in (fn, torch.compile(fn, fullgraph=True, backend="aot_eager")):
+        leaves = [x.clone().requires_grad_(True) for x in base]
+        out = f(*leaves)
+        results.append((out,) + torch.autograd.grad(out, leaves, torch.ones_like(out)))
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6)
+
+
+def test_vsa_backward_adds_no_full_size_tensor():
+    """The compression's gradient goes into the sparse one in place (vsa_autograd): no aten::add
+    of a q-sized tensor in the backward (per-op autograd made three)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    base, sizes, vsa = _vsa_case(False, seed=22)
+    leaves = [x.clone().requires_grad_(True) for x in base]
+    out = vsa(*leaves[:3], sizes, sizes, 2, 64, compress_attn_weight=leaves[3])
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        out.backward(torch.ones_like(out))
+    full = [list(base[0].shape)]
+    adds = [e for e in prof.events() if e.name in ("aten::add", "aten::add_") and any(s in full for s in e.input_shapes)]
+    assert not adds, [(e.name, e.input_shapes) for e in adds]
+    assert all(x.grad is not None and torch.isfinite(x.grad).all() for x in leaves)
+
+
+def test_vsa_with_one_tensor_as_q_k_v_and_gate_compiles_and_sums_its_gradients():
+    torch._dynamo.reset()
+    (x, _, _, _), sizes, vsa = _vsa_case(False, seed=23)
+    fn = lambda x: vsa(x, x, x, sizes, sizes, 2, 64, compress_attn_weight=x)  # noqa: E731
+    ref_leaf = x.clone().requires_grad_(True)
+    ref = video_sparse_attn_reference(ref_leaf, ref_leaf, ref_leaf, sizes, sizes, 2, block_size=64,
+                                      compress_attn_weight=ref_leaf)
+    (g_ref,) = torch.autograd.grad(ref, [ref_leaf], torch.ones_like(ref))
+    for f in (fn, torch.compile(fn, fullgraph=True, backend="aot_eager")):
+        leaf = x.clone().requires_grad_(True)
+        out = f(leaf)
+        (g,) = torch.autograd.grad(out, [leaf], torch.ones_like(out))
+        torch.testing.assert_close(out, ref, atol=FP32_TOL, rtol=FP32_TOL)
+        torch.testing.assert_close(g, g_ref, atol=10 * FP32_TOL, rtol=10 * FP32_TOL)  # as the other VSA grads

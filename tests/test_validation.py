@@ -163,3 +163,17 @@ def test_record_is_dropped_with_the_tensor():
     assert key in validation._RANGE_OK
     del sizes
     assert key not in validation._RANGE_OK
+
+
+def test_smallest_block_comes_from_the_range_record():
+    from fastvideo_cute.validation import smallest_block
+
+    sizes = torch.tensor([64, 17, 64, 40], dtype=torch.int32)
+    assert smallest_block(sizes, 64) is None  # not checked yet: unknown
+    check_sizes_range(sizes, 64)
+    assert smallest_block(sizes, 64) == 17
+    assert smallest_block(sizes, 128) is None  # the record is per block size
+    sizes[1] = 3  # in place: the version bumps, the record no longer applies
+    assert smallest_block(sizes, 64) is None
+    check_sizes_range(sizes, 64)
+    assert smallest_block(sizes, 64) == 3

@@ -56,6 +56,7 @@ import torch
 
 from .cudnn_bsa_metadata import CudnnBlockSparseMeta, build_cudnn_metadata, cudnn_lse_to_contract
 from .cudnn_bsa_support import CUDNN_PHYSICAL_TILE, cudnn_support
+from ..validation import smallest_block
 
 __all__ = [
     "CUDNN_PINS",
@@ -311,7 +312,8 @@ def cudnn_block_sparse_fwd(q, k, v, q2k_idx, q2k_num, kv_block_sizes, *, block_s
     _require_support(q, head_dim=d, block_size=block_size, need_grad=need_backward, q_len=sq, kv_len=skv,
                      heads=h, bshd=bshd, all_full=all_full)
     meta = build_cudnn_metadata(q2k_idx, q2k_num, kv_block_sizes, block_size=block_size, batch=b, heads=h,
-                                q_len=sq, kv_len=skv, all_full=all_full)
+                                q_len=sq, kv_len=skv, all_full=all_full,
+                                smallest=smallest_block(kv_block_sizes, block_size))
     plan = padding_plan(all_full, need_backward, padding_finite)
     k_clean = v_clean = None
     if plan:
@@ -353,7 +355,8 @@ def cudnn_block_sparse_bwd(dout, q, k, v, out, lse, q2k_idx, q2k_num, kv_block_s
     meta = saved.meta if saved is not None else None
     if meta is None or meta.sparse_block != CUDNN_PHYSICAL_TILE[block_size] or (meta.block_sizes is None) != all_full:
         meta = build_cudnn_metadata(q2k_idx, q2k_num, kv_block_sizes, block_size=block_size, batch=b, heads=h,
-                                    q_len=sq, kv_len=skv, all_full=all_full)
+                                    q_len=sq, kv_len=skv, all_full=all_full,
+                                    smallest=smallest_block(kv_block_sizes, block_size))
     k_run = saved.k if saved is not None else None
     v_run = saved.v if saved is not None else None
     if padding_plan(all_full, True, padding_finite) and (k_run is None or v_run is None):

@@ -91,8 +91,10 @@ def expand_q2k_lists(q2k_idx: torch.Tensor, q2k_num: torch.Tensor, factor: int):
 def drop_empty_blocks(q2k_idx: torch.Tensor, q2k_num: torch.Tensor, block_sizes: torch.Tensor):
     """The lists without the kv blocks of size 0 (they hold no key, so dropping them changes no
     result): each row keeps its other selected ids first, in order, and the filler past the new
-    ``num`` is still made of valid, unique ids. Measured on the H200: cuDNN 1.32's backward gives
-    wrong dV (and dK) when a list names a block of size 0, so the adapter never hands it one.
+    ``num`` is still made of valid, unique ids. cuDNN masks a size-0 block to P = 0 anyway; the
+    drop keeps its kernels from loading tiles that hold no key and makes "a row with no valid key"
+    the same as "an empty list" (its empty-row path). (An earlier note here blamed size-0 blocks
+    for a wrong dV measured on the H200; that was the test metric, see docs/backends/cudnn.md.)
     On-device torch ops, no host sync."""
     width = q2k_idx.shape[-1]
     slots = torch.arange(width, device=q2k_idx.device, dtype=torch.int32)
@@ -116,12 +118,15 @@ def _check_int_tensor(name: str, t, dims: int) -> None:
 
 def build_cudnn_metadata(q2k_idx: torch.Tensor, q2k_num: torch.Tensor, kv_block_sizes: torch.Tensor, *,
                          block_size: int, batch: int, heads: int, q_len: int, kv_len: int,
-                         all_full: bool) -> CudnnBlockSparseMeta:
+                         all_full: bool, smallest: Optional[int] = None) -> CudnnBlockSparseMeta:
     """The cuDNN metadata for a call with logical ``block_size`` (64, 128 or 256).
 
     The logical inputs are assumed validated (the library's checks run first); this checks the
     shapes, dtypes and device of what it is given and of what it builds. ``all_full``: the
     caller's (checked) knowledge that every kv block is full; ``block_sizes`` is then None.
+    ``smallest``: the smallest logical size when known (the range check's record); when no
+    physical block can be empty the size-0 drop (:func:`drop_empty_blocks`, several small
+    launches) is skipped.
     """
     if block_size not in CUDNN_PHYSICAL_TILE:
         raise ValueError(f"block_size must be one of {tuple(CUDNN_PHYSICAL_TILE)}, got {block_size}")
@@ -146,7 +151,7 @@ def build_cudnn_metadata(q2k_idx: torch.Tensor, q2k_num: torch.Tensor, kv_block_
     factor = block_size // tile
     idx, num = expand_q2k_lists(q2k_idx, q2k_num, factor)
     sizes = None if all_full else split_block_sizes(kv_block_sizes, factor, tile)
-    if sizes is not None:
+    if sizes is not None and (smallest is None or smallest == 0 or (factor > 1 and smallest <= tile)):
         idx, num = drop_empty_blocks(idx, num, sizes)
     meta = CudnnBlockSparseMeta(tile, idx, num, sizes)
     _check_built(meta, batch, heads, q_len // tile, kv_len // tile, q2k_idx.shape[3] * factor)

@@ -124,10 +124,6 @@ def cudnn_support(arch, dtype, head_dim: int, block_size: int, need_grad: bool, 
     if family in (10, 11) and arch_i not in (100, 103) and tile == 128 and not kv_all_full:
         return False, (f"{name}: cuDNN's blk128 backward does not yet support block_sizes on this arch (only "
                        f"sm_100/sm_103), so partial kv blocks cannot be served; full blocks only")
-    if not kv_all_full:
-        return False, (f"{name}: cuDNN 1.32's backward gives wrong dV when a kv block is partial (measured on the "
-                       f"H200: tests/logs/h200_2026-12-01_b.log), so it serves full kv blocks only; the forward "
-                       f"serves partial blocks")
     if (q_len // tile) * (kv_len // tile) > _INT32_MAX:
         return False, f"{q_len // tile} x {kv_len // tile} k2q edges per (batch, head) exceed cuDNN's int32 CSR"
     return True, ""

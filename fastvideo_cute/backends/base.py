@@ -26,7 +26,9 @@ int32 ``[KVb]`` within ``[0, block]``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
+import importlib.util
 import json
 from typing import Dict, Protocol, Tuple, runtime_checkable
 
@@ -34,7 +36,7 @@ import torch
 
 from ..call import CallInfo
 
-__all__ = ["Backend", "CompileKey", "Verdict", "dtype_name", "arch_name"]
+__all__ = ["Backend", "CompileKey", "Verdict", "dtype_name", "arch_name", "module_installed"]
 
 Verdict = Tuple[bool, str]
 
@@ -95,3 +97,10 @@ class Backend(Protocol):
                  sm_scale: float): ...
 
     def compile_keys(self, call: CallInfo) -> Dict[str, CompileKey]: ...
+
+
+@functools.lru_cache(maxsize=None)
+def module_installed(name: str) -> bool:
+    """``importlib.util.find_spec(name) is not None``, asked once per process (support predicates
+    run on every call; what is installed does not change while the process runs)."""
+    return importlib.util.find_spec(name) is not None

@@ -14,18 +14,27 @@ sm_100/sm_110/sm_120 paths are compile-checked only.
 
 from __future__ import annotations
 
-import importlib.util
-from typing import Dict
+import functools
+from typing import Dict, Tuple
 
 from ..adapters.cudnn_bsa_support import cudnn_support
 from ..call import CallInfo
 from ..metadata import map_to_index
 from ..validation import has_partial_blocks
-from .base import CompileKey, Verdict, basic_key
+from .base import CompileKey, Verdict, basic_key, module_installed
 
 __all__ = ["CudnnBackend"]
 
 _INSTALL = "pip install 'fastvideo-cute[cudnn]' (pins nvidia-cudnn-frontend==1.32.0)"
+
+
+@functools.lru_cache(maxsize=1)
+def _stack_problems() -> Tuple[str, ...]:
+    """The installed stack's version problems, read once per process (reading package metadata
+    took ~0.6 ms per call on the H200 host, ahead of every routed call)."""
+    from ..adapters.cudnn_bsa import cudnn_version_problems
+
+    return tuple(cudnn_version_problems())
 
 
 class CudnnBackend:
@@ -45,11 +54,9 @@ class CudnnBackend:
                                    bshd=call.bshd, kv_all_full=call.kv_all_full)
         if not ok:
             return False, reason
-        if importlib.util.find_spec("cudnn") is None:
+        if not module_installed("cudnn"):
             return False, f"nvidia-cudnn-frontend is not installed ({_INSTALL})"
-        from ..adapters.cudnn_bsa import cudnn_version_problems
-
-        problems = cudnn_version_problems()
+        problems = _stack_problems()
         if problems:
             return False, "cuDNN-frontend version mismatch: " + "; ".join(map(str, problems)) + f" ({_INSTALL})"
         return True, "ok"

@@ -6,7 +6,6 @@ kernels directly (the adapter's checked entry points are for direct users)."""
 
 from __future__ import annotations
 
-import importlib.util
 from typing import Dict
 
 import torch
@@ -17,7 +16,7 @@ from ..adapters.fa4 import (build_bwd_metadata, build_fwd_metadata, fa4_arch, fa
 from ..adapters.fa4_plan import FA4_HEAD_DIMS
 from ..call import CallInfo
 from ..validation import has_partial_blocks
-from .base import CompileKey, Verdict, basic_key
+from .base import CompileKey, Verdict, basic_key, module_installed
 
 __all__ = ["FA4Backend"]
 
@@ -43,7 +42,7 @@ class FA4Backend:
                                  call.need_grad)
         if not ok:
             return False, reason
-        if importlib.util.find_spec("flash_attn") is None:
+        if not module_installed("flash_attn"):
             return False, f"flash-attn-4 is not installed ({_INSTALL})"
         problems = fa4_version_problems()
         if problems:

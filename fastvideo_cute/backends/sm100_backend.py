@@ -12,14 +12,13 @@ warn) and ``FASTVIDEO_VSA_CUTEDSL=1`` sends sm_100 64-token calls elsewhere.
 
 from __future__ import annotations
 
-import importlib.util
 from typing import Dict
 
 import torch
 
 from ..call import CallInfo
 from ..metadata import map_to_index
-from .base import CompileKey, Verdict, basic_key
+from .base import CompileKey, Verdict, basic_key, module_installed
 
 __all__ = ["Sm100Backend"]
 
@@ -62,7 +61,7 @@ class Sm100Backend:
             return False, f"the backward pairs kv blocks, so it needs an even number of 64-token blocks, got {blocks}"
         if not cute_sm100_fwd.sm100_fwd64_within_launch_limits(call.batch, call.heads, call.q_len, blocks, blocks):
             return False, "exceeds the kernels' launch limits"
-        if importlib.util.find_spec("cutlass") is None:
+        if not module_installed("cutlass"):
             return False, "the CuTe DSL is not installed (pip install 'fastvideo-cute[cute]')"
         return True, "ok"
 

@@ -14,14 +14,13 @@ On sm_90 it runs too (verified on the H200) but is reachable by name only
 
 from __future__ import annotations
 
-import importlib.util
 from typing import Dict
 
 import torch
 
 from ..call import CallInfo
 from ..metadata import map_to_index, physical_layout
-from .base import CompileKey, Verdict, basic_key
+from .base import CompileKey, Verdict, basic_key, module_installed
 
 __all__ = ["Sm120Backend"]
 
@@ -62,7 +61,7 @@ class Sm120Backend:
         blocks = call.kv_len // _TILE
         if not sm120_within_launch_limits(call.batch, call.heads, call.q_len, blocks, blocks):
             return False, "exceeds the kernel's launch limits (grid y, int32 TMA rows or list offsets)"
-        if importlib.util.find_spec("cutlass") is None:
+        if not module_installed("cutlass"):
             return False, "the CuTe DSL is not installed (pip install 'fastvideo-cute[cute]')"
         return True, "ok"
 

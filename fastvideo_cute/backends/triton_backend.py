@@ -8,7 +8,6 @@ interpreter keeps per-process state that concurrent launches from several thread
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import threading
 from typing import Dict, Optional
@@ -18,7 +17,7 @@ import torch
 from ..call import CallInfo
 from ..metadata import map_to_index, physical_layout
 from ._triton_keys import triton_detail
-from .base import CompileKey, Verdict, basic_key
+from .base import CompileKey, Verdict, basic_key, module_installed
 
 __all__ = ["TritonBackend", "HEAD_DIMS", "PHYSICAL_TILES", "MAX_GRID_Y"]
 
@@ -64,7 +63,7 @@ class TritonBackend:
         return True  # any CUDA GPU (tested on the H200) and the CPU interpreter
 
     def support(self, call: CallInfo) -> Verdict:
-        if importlib.util.find_spec("triton") is None:
+        if not module_installed("triton"):
             return False, "triton is not installed"
         if call.device_type == "cpu":
             if not interpreting():

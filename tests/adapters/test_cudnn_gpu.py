@@ -8,8 +8,13 @@ Timing of the padding sanitizer against the kernels (prints, asserts nothing):
 Tolerances (bf16 inputs, fp32 reference on the same bf16 values) are those of
 tests/adapters/test_fa4_gpu.py, with their origin: the FastVideo FA4 adapter's GB200 parity tests
 (design reference 003) accepted out avg_abs < 1e-3 and max_rel < 0.2, gradients avg_abs < 2e-2
-and max_rel < 0.5, where max_rel = max|diff| / mean|ref|; LSE max_abs < 1e-2. Every check prints
-its measured values. Padding (keys past kv_block_sizes) holds NaN/Inf in the NaN tests and must
+and max_rel < 0.5, where max_rel = max|diff| / mean|ref|; LSE max_abs < 1e-2. Gradients also get
+an elementwise bf16 rounding allowance: max_rel is taken over |diff| - 2^-7 |ref| (the outputs are
+bf16, whose rounding alone is up to 2^-8 |value|: 2x headroom). Without it the metric failed on
+correct results: a q block whose only valid key is one token gives that key's dV the sum of 64-256
+dO rows (|dV| ~ 16-40, 250x mean|ref|), whose bf16 rounding (0.06-0.11, measured on the H200
+2026-12-01 with the fp32 reference at every other entry within 4e-3) exceeded 0.5 x mean|ref|.
+Every check prints its measured values. Padding (keys past kv_block_sizes) holds NaN/Inf in the NaN tests and must
 not reach any output; padded keys must get dk = dv = 0 exactly, rows with no valid key out = 0,
 lse = -inf and dq = 0 exactly.
 """
@@ -40,7 +45,7 @@ except ImportError as exc:  # pragma: no cover - depends on the box
 DEV = "cuda"
 ARCH = torch.cuda.get_device_capability()
 OUT_TOL = (1e-3, 0.2)
-GRAD_TOL = (2e-2, 0.5)
+GRAD_TOL = (2e-2, 0.5, 2.0 ** -7)  # (avg_abs, max_rel, elementwise rtol): see the docstring
 LSE_TOL = 1e-2
 
 
@@ -53,15 +58,17 @@ def _need(block, grad, *, d=128, dtype=torch.bfloat16, q_len=None, kv_len=None, 
         pytest.skip(f"cuDNN does not serve block {block} grad={grad} on sm_{ARCH[0]}{ARCH[1]}: {reason}")
 
 
-def _metrics(ref, got):
-    diff = (ref.float() - got.float()).abs()
-    return diff.mean().item(), (diff.max() / (ref.float().abs().mean() + 1e-6)).item()
+def _metrics(ref, got, rtol=0.0):
+    """(mean |diff|, max(|diff| - rtol |ref|) / mean |ref|)."""
+    ref, got = ref.float(), got.float()
+    diff = (ref - got).abs()
+    return diff.mean().item(), ((diff - rtol * ref.abs()).max() / (ref.abs().mean() + 1e-6)).item()
 
 
 def _check(tag, ref, got, tol):
     assert torch.isfinite(got).all(), f"{tag}: {int((~torch.isfinite(got)).sum())} non-finite values"
-    avg_abs, max_rel = _metrics(ref, got)
-    print(f"  {tag}: avg_abs={avg_abs:.3e} max_rel={max_rel:.3e}")
+    avg_abs, max_rel = _metrics(ref, got, tol[2] if len(tol) > 2 else 0.0)
+    print(f"  {tag}: avg_abs={avg_abs:.3e} max_rel={max_rel:.3e}" + (f" (rtol {tol[2]:.4f})" if len(tol) > 2 else ""))
     assert avg_abs < tol[0], f"{tag}: avg_abs {avg_abs:.3e} >= {tol[0]}"
     assert max_rel < tol[1], f"{tag}: max_rel {max_rel:.3e} >= {tol[1]}"
 

@@ -216,3 +216,29 @@ def test_metadata_never_names_a_size_zero_block():
     for r in range(4):
         n = int(meta.q2k_block_nums[0, 0, r])
         assert n == 3 and all(int(phys[j]) > 0 for j in meta.q2k_block_index[0, 0, r, :n])
+
+
+@pytest.mark.parametrize("block, smallest, drops", [
+    (64, None, True),   # unknown: drop
+    (64, 0, True),      # a size-0 block
+    (64, 1, False),     # no block can be empty: the drop (several launches) is skipped
+    (128, 37, False),
+    (256, 128, True),   # 256 runs as 128-token tiles: a block of <= 128 leaves an empty second tile
+    (256, 129, False),
+])
+def test_size_zero_drop_runs_only_when_a_physical_block_can_be_empty(monkeypatch, block, smallest, drops):
+    from fastvideo_cute.adapters import cudnn_bsa_metadata as M
+
+    calls = []
+    real = M.drop_empty_blocks
+    monkeypatch.setattr(M, "drop_empty_blocks", lambda *a: (calls.append(1), real(*a))[1])
+    block_map, sizes = _case(1, 2, 2, 3, block, seed=8)
+    sizes = torch.full_like(sizes, block)
+    sizes[1] = smallest if smallest is not None else 0
+    idx, num = map_to_index(block_map)
+    meta = M.build_cudnn_metadata(idx, num, sizes, block_size=block, batch=1, heads=2, q_len=2 * block,
+                                  kv_len=3 * block, all_full=False, smallest=smallest)
+    assert bool(calls) == drops
+    # either way the lists name the same tokens
+    assert torch.equal(_token_mask_from_meta(meta, 2 * block, 3 * block),
+                       block_token_mask(block_map, sizes, block, block))

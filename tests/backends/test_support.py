@@ -44,7 +44,7 @@ def test_sm100_forward_alone_also_serves_sm103():
 @pytest.mark.parametrize("change,words", [
     (dict(device_type="cpu", arch=None), "needs CUDA tensors"),
     (dict(arch=(8, 0)), "this GPU is sm_80"),
-    (dict(need_grad=True, kv_all_full=False), "wrong dV when a kv block is partial"),
+    (dict(need_grad=True, head_dim=96), "SM90 backward requires head_dim 128"),
     (dict(need_grad=True, dtype=torch.float16), "bfloat16"),
     (dict(head_dim=32), "head"),
 ])

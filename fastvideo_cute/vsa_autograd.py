@@ -1,0 +1,105 @@
+"""``video_sparse_attn``'s autograd as one function over the VSA ops, so its backward fuses what
+per-op autograd cannot.
+
+Forward (the ops of :mod:`fastvideo_cute.vsa_ops` and :mod:`fastvideo_cute.ops`, called with
+grad recording off): compression (``vsa_compress``) -> coarse attention + top-k
+(``vsa_select``) -> q2k lists -> bool map -> the block-sparse forward on the chosen route ->
+``out = out_s + gate * out_c`` (``vsa_gate``).
+
+Backward, in this order:
+
+1. ``vsa_gate_bwd``: ``d_gate`` and ``d_out_c`` (``d out_s`` is ``dout`` itself);
+2. the route's block-sparse backward: fresh ``dq``/``dk``/``dv`` of the sparse branch;
+3. ``vsa_select_bwd``: the coarse attention's ``dqc``/``dkc``/``dvc`` (``[B, H, n, D]`` fp32);
+4. ``vsa_compress_bwd_accumulate``: ``dx[token] += dxc[block] / size`` straight into step 2's
+   tensors, in place (one launch, valid tokens only).
+
+With per-op autograd, step 4 wrote three fresh full-size tensors and autograd added each to the
+sparse gradient (three more full-size launches: ~0.35 ms of a 12 ms Wan-1.3B forward+backward on
+the H200, ``benchmarks/results/vsa_e2e_h200_tf32x3.json``); here the sum costs one read-modify-write.
+The summation order is fixed (sparse first, then the compression term), so the result is as
+deterministic as the route's backward.
+
+Traceable by ``torch.compile`` (Dynamo traces ``autograd.Function`` through the custom ops' fake
+implementations; the in-place accumulation is a custom op that declares what it mutates).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from . import ops, vsa_ops
+from .metadata import index_to_map
+
+__all__ = ["video_sparse_attn_fn"]
+
+
+def _dedupe(tensors):
+    """Dynamo cannot trace ``autograd.Function.apply`` with one tensor passed twice (``q is k``,
+    ``q_sizes is kv_sizes``): pass each tensor once and where it goes as ``slots``."""
+    uniq, slots = [], []
+    for t in tensors:
+        for i, u in enumerate(uniq):
+            if t is u:
+                slots.append(i)
+                break
+        else:
+            slots.append(len(uniq) if t is not None else -1)
+            if t is not None:
+                uniq.append(t)
+    return uniq, tuple(slots)
+
+
+_N_INPUTS = 6  # q, k, v, gate, q_sizes, kv_sizes
+
+
+class _VideoSparseAttn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, slots, topk: int, block: int, bshd: bool, sm_scale: float, route: str, range_checked: bool,
+                need_grad: bool, *uniq: Tensor) -> Tensor:
+        q, k, v, gate, q_sizes, kv_sizes = (uniq[i] if i >= 0 else None for i in slots)
+        kvb = kv_sizes.shape[0]
+        qc, kc, vc = vsa_ops._compress(q, k, v, q_sizes, kv_sizes, block, bshd, range_checked)
+        out_c, out_acc, lse_c, q2k_idx, q2k_num = vsa_ops._select(qc, kc, vc, kv_sizes, topk, sm_scale, q.dtype,
+                                                                  need_grad)
+        block_map = index_to_map(q2k_idx, q2k_num, kvb)
+        out_s, lse_s = ops._fwd(q, k, v, block_map, kv_sizes, block, bshd, need_grad, sm_scale, need_grad, route,
+                                range_checked)
+        out = vsa_ops._gate(out_s, out_c, gate, block, bshd)
+        if need_grad:
+            ctx.save_for_backward(*uniq, qc, kc, vc, out_c, out_acc if out_acc.numel() else out_c, lse_c,
+                                  block_map, out_s, lse_s)
+        ctx.slots, ctx.n_uniq = slots, len(uniq)
+        ctx.block, ctx.bshd, ctx.sm_scale, ctx.route = block, bshd, sm_scale, route
+        return out
+
+    @staticmethod
+    def backward(ctx, dout: Tensor):
+        saved = ctx.saved_tensors
+        uniq, (qc, kc, vc, out_c, out_acc, lse_c, block_map, out_s, lse_s) = saved[:ctx.n_uniq], saved[ctx.n_uniq:]
+        q, k, v, gate, q_sizes, kv_sizes = (uniq[i] if i >= 0 else None for i in ctx.slots)
+        need = ctx.needs_input_grad[8:]  # per unique tensor
+        slot_q, slot_k, slot_v, slot_g = ctx.slots[:4]
+        block, bshd, sm_scale = ctx.block, ctx.bshd, ctx.sm_scale
+        do = dout if dout.stride(-1) == 1 else dout.contiguous()
+        d_gate, d_out_c = vsa_ops._gate_bwd(do, out_c, gate, block, bshd, bool(gate is not None and need[slot_g]))
+        dq, dk, dv = ops._bwd(do, q, k, v, out_s, lse_s, block_map, kv_sizes, block, bshd, sm_scale, ctx.route)
+        dqc, dkc, dvc = vsa_ops._select_bwd(d_out_c, qc, kc, vc, kv_sizes, out_acc.to(qc.dtype), lse_c, sm_scale)
+        vsa_ops._compress_bwd_accumulate(dqc, dkc, dvc, q_sizes, kv_sizes, dq, dk, dv, block, bshd)
+        grads = [None] * ctx.n_uniq
+        for slot, g in ((slot_q, dq), (slot_k, dk), (slot_v, dv), (slot_g, d_gate if gate is not None else None)):
+            if g is not None and slot >= 0 and need[slot]:
+                grads[slot] = g if grads[slot] is None else grads[slot] + g
+        return (None,) * 8 + tuple(grads)
+
+
+def video_sparse_attn_fn(q: Tensor, k: Tensor, v: Tensor, gate: Optional[Tensor], q_sizes: Tensor,
+                         kv_sizes: Tensor, *, topk: int, block: int, bshd: bool, sm_scale: float, route: str,
+                         range_checked: bool, need_grad: bool) -> Tensor:
+    """Inputs validated by the caller (:mod:`fastvideo_cute.api`), ``route`` chosen by it
+    (``"<fwd backend>|<bwd backend>"``). Returns ``out`` in the call layout."""
+    uniq, slots = _dedupe((q, k, v, gate, q_sizes, kv_sizes))
+    return _VideoSparseAttn.apply(slots, topk, block, bshd, sm_scale, route, range_checked, need_grad, *uniq)
