@@ -35,7 +35,7 @@ import triton.language as tl
 
 from .vsa_common import dtype_name, pow2_lanes
 
-__all__ = ["vsa_select_fwd", "vsa_topk", "MAX_KV_BLOCKS", "COARSE_PRECISIONS", "coarse_tiles"]
+__all__ = ["vsa_select_fwd", "vsa_topk", "MAX_KV_BLOCKS", "COARSE_PRECISIONS", "coarse_tiles", "coarse_fwd_tiles"]
 
 # Widest score row the top-k kernel keeps in one block (8 warps x 32 lanes x 64 keys).
 MAX_KV_BLOCKS = 16384
@@ -153,13 +153,25 @@ def _vsa_topk_kernel(
 
 
 def coarse_tiles(head_dim: int):
-    """(BLOCK_Q, BLOCK_KV, BLOCK_D, num_warps) of the coarse-attention kernels (fwd and bwd).
+    """(BLOCK_Q, BLOCK_KV, BLOCK_D, num_warps) of the coarse-attention backward (the forward has
+    :func:`coarse_fwd_tiles`).
 
     Not tuned on a GPU yet. 16-row q tiles: at Wan-1.3B 480p (624 blocks, H=12) that is 468
     programs for 132 SMs; the kv chunk is 32 blocks (16 for head_dim 256: register budget)."""
     block_d = pow2_lanes(head_dim, 16)
     if block_d <= 128:
         return 16, 32, block_d, 4
+    return 16, 16, block_d, 4
+
+
+def coarse_fwd_tiles(head_dim: int):
+    """(BLOCK_Q, BLOCK_KV, BLOCK_D, num_warps) of the coarse-attention forward. Measured on the H200
+    (B=1, H=12, Qb=KVb=624, D=128; diag of 2026-12-01): 32 x 32, 4 warps: 78 us with tf32x3
+    (16 x 32: 114 us; 32 x 64, 8 warps: 99 us; 64 x 64 does not fit in shared memory) and 305 us
+    with ieee (16 x 32: 560 us). head_dim 256 keeps the smaller tiles (register budget)."""
+    block_d = pow2_lanes(head_dim, 16)
+    if block_d <= 128:
+        return 32, 32, block_d, 4
     return 16, 16, block_d, 4
 
 
@@ -197,7 +209,7 @@ def vsa_select_fwd(qc, kc, vc, kv_sizes, out, out32, lse, q2k_idx, q2k_num, scor
     if not take_all:
         assert scores is not None and dtype_name(scores) == "float32" and scores.is_contiguous() \
             and tuple(scores.shape) == (B, H, Qb, KVb), "scores scratch"
-    block_q, block_kv, block_d, warps = coarse_tiles(D)
+    block_q, block_kv, block_d, warps = coarse_fwd_tiles(D)
     _vsa_coarse_fwd_kernel[(triton.cdiv(Qb, block_q), B * H)](
         qc, kc, vc, kv_sizes, out, out32 if out32 is not None else out, lse,
         scores if not take_all else lse,
