@@ -357,10 +357,14 @@ def _select_bwd(dout: Tensor, qc: Tensor, kc: Tensor, vc: Tensor, kv_sizes: Tens
         from .kernels.triton.vsa_coarse_bwd import vsa_coarse_bwd
 
         dqc, dkc, dvc = torch.empty_like(qc), torch.empty_like(kc), torch.empty_like(vc)
+        # P and dS of the two-phase kernel, [2, B, H, Qb, KVb] fp32 in one allocation, freed on return
+        # (the forward's scores scratch is half that size).
+        b, h, qb, _ = qc.shape
+        scratch = torch.empty((2, b, h, qb, kc.shape[2]), dtype=torch.float32, device=qc.device)
         with _on(qc):
             vsa_coarse_bwd(qc.contiguous(), kc.contiguous(), vc.contiguous(), kv_sizes, dout.contiguous(),
                            out_acc.contiguous(), lse.contiguous(), dqc, dkc, dvc, sm_scale=sm_scale,
-                           precision=_coarse_precision(qc))
+                           precision=_coarse_precision(qc), p_scratch=scratch[0], ds_scratch=scratch[1])
         return dqc, dkc, dvc
     dqc, dkc, dvc = _select_bwd_torch(dout, qc, kc, vc, kv_sizes, out_acc, lse, sm_scale)
     return dqc.contiguous(), dkc.contiguous(), dvc.contiguous()

@@ -3,11 +3,17 @@ fp32 references (``coarse_attention_reference``, ``topk_indices_reference``) and
 library's own selection (``topk_block_map`` + ``map_to_index``), the latter exactly.
 
 On CPU the kernels run under TRITON_INTERPRET=1 (tests/conftest.py). Shapes are small: Qb below
-one 32-row tile (masked rows), KVb above one 32-column chunk (two chunks), B = H = 2.
+one 32-row tile (masked rows), KVb above one 32-column chunk (two chunks), B = H = 2; the
+backward's shape tests add Qb != KVb, sizes that are not multiples of the tiles, head_dim 24, 48,
+64, 256 and overridden (smaller) tiles so that both phases walk several chunks.
 
 Tolerances: ``out_c``/``lse``/scores are fp32 dots in another summation order than torch's
 matmul: measured max abs error 3e-7 / 5e-7 / 6e-7 on these shapes, so 1e-5 is headroom. The
-backward's gradients: measured 4e-7 to 7e-7 (fp32 dout); 1e-5. With an fp16 ``out_c`` the cast is one fp16 rounding
+backward's gradients (both paths, the two-phase kernel and the fused fallback, every shape here,
+fp32 or fp16 dout, the LSE -inf rows): measured max abs error 2.7e-7 to 1.7e-6 (the largest at
+head_dim 256) against fp32 autograd, gradients up to ~3.5 in magnitude, so TOL (atol 1e-5 + rtol
+1e-5 * |ref|) is >= 6x headroom; the
+P scratch against torch's softmax: 1.5e-7 (values <= 1). With an fp16 ``out_c`` the cast is one fp16 rounding
 (rel 2^-11 = 4.9e-4): rtol 1e-3. The top-k is compared exactly (``torch.equal``) whenever both
 sides see the same scores: the kernel's own scores scratch, or integer-valued inputs whose scores
 every summation order gives exactly.
@@ -21,7 +27,8 @@ import torch
 pytest.importorskip("triton")
 
 from fastvideo_cute.api import topk_block_map  # noqa: E402
-from fastvideo_cute.kernels.triton.vsa_coarse_bwd import vsa_coarse_bwd  # noqa: E402
+from fastvideo_cute.kernels.triton.vsa_coarse_bwd import (COARSE_BWD_PHASES, coarse_bwd_tiles,  # noqa: E402
+                                                          vsa_coarse_bwd)
 from fastvideo_cute.kernels.triton.vsa_select import vsa_select_fwd, vsa_topk  # noqa: E402
 from fastvideo_cute.metadata import map_to_index  # noqa: E402
 from fastvideo_cute.reference import coarse_attention_reference, topk_indices_reference  # noqa: E402
@@ -171,37 +178,180 @@ def test_topk_random_rows_with_heavy_ties(cols):
         assert torch.equal(_topk(rows, topk), map_to_index(topk_block_map(rows, topk))[0][..., :topk])
 
 
-def _bwd(qc, kc, vc, sizes, out32, lse, dout):
+BWD_PATHS = ["two_phase", "fused"]  # with p/ds scratch (the op's path) / without (the one-launch fallback)
+
+
+def _bwd(qc, kc, vc, sizes, out32, lse, dout, path="two_phase", tiles=None, scratch_out=None):
     d = [torch.full_like(x, float("nan")) for x in (qc, kc, vc)]  # every element must be written
-    vsa_coarse_bwd(qc, kc, vc, sizes, dout, out32, lse, *d, sm_scale=qc.shape[-1] ** -0.5)
+    kw = {}
+    if path == "two_phase":  # NaN-filled too: what phase B reads must be what phase A wrote
+        b, h, qb, _ = qc.shape
+        kw = {name: torch.full((b, h, qb, kc.shape[2]), float("nan"), device=DEV)
+              for name in ("p_scratch", "ds_scratch")}
+    vsa_coarse_bwd(qc, kc, vc, sizes, dout, out32, lse, *d, sm_scale=qc.shape[-1] ** -0.5, tiles=tiles, **kw)
+    if scratch_out is not None:
+        scratch_out.update(kw)
     return d
 
 
+def _bwd_reference(qc, kc, vc, sizes, dout):
+    """fp32 autograd of coarse_attention_reference."""
+    leaves = [x.clone().requires_grad_(True) for x in (qc, kc, vc)]
+    ref_out = coarse_attention_reference(*leaves, sizes)[0]
+    return torch.autograd.grad(ref_out, leaves, dout.float())
+
+
+@pytest.mark.parametrize("path", BWD_PATHS)
 @pytest.mark.parametrize("dout_dtype", [torch.float32, torch.float16])
-def test_coarse_backward_matches_autograd_of_reference(dout_dtype):
+def test_coarse_backward_matches_autograd_of_reference(dout_dtype, path):
     qc, kc, vc = _means(2, 2, 5, 40, 32, seed=9)
     sizes = _sizes(*KV_SIZES)
     _, out32, lse, _, _, _ = _run(qc, kc, vc, sizes, topk=3, with_out32=True)
     g = torch.Generator().manual_seed(10)
     dout = torch.randn(qc.shape, generator=g).to(DEV, dout_dtype)
-    got = _bwd(qc, kc, vc, sizes, out32, lse, dout)
-    leaves = [x.clone().requires_grad_(True) for x in (qc, kc, vc)]
-    ref_out = coarse_attention_reference(*leaves, sizes)[0]
-    want = torch.autograd.grad(ref_out, leaves, dout.float())
+    scratch = {}
+    got = _bwd(qc, kc, vc, sizes, out32, lse, dout, path, scratch_out=scratch)
+    want = _bwd_reference(qc, kc, vc, sizes, dout)
     for name, a, w in zip(("dqc", "dkc", "dvc"), got, want):
         torch.testing.assert_close(a, w, **TOL, msg=name)
     empty = sizes == 0
     assert (got[1][:, :, empty] == 0).all() and (got[2][:, :, empty] == 0).all()
-    again = _bwd(qc, kc, vc, sizes, out32, lse, dout)
+    if scratch:  # the scratch holds P (the reference's softmax; exactly 0 at empty kv blocks) and dS
+        ref_p = torch.softmax(coarse_attention_reference(qc, kc, vc, sizes)[2], dim=-1)
+        torch.testing.assert_close(scratch["p_scratch"], ref_p, **TOL)
+        assert (scratch["p_scratch"][..., empty] == 0).all() and (scratch["ds_scratch"][..., empty] == 0).all()
+        assert torch.isfinite(scratch["ds_scratch"]).all()
+    again = _bwd(qc, kc, vc, sizes, out32, lse, dout, path)
     assert all(torch.equal(a, b) for a, b in zip(got, again))  # deterministic
 
 
-def test_coarse_backward_all_empty_is_zero():
-    qc, kc, vc = _means(1, 1, 3, 4, 32, seed=12)
-    sizes = _sizes(0, 0, 0, 0)
+# (Qb, KVb, head_dim, kv sizes, tiles): Qb != KVb, neither a multiple of the tiles (masked rows and
+# columns in the last tile of both phases), head_dim 64, non-powers of two 48 and 24 (masked lanes),
+# 256 (its default tiles), overridden tiles giving several q and kv chunks on these small sizes.
+SHAPES = [
+    (37, 45, 64, [3, 0, 7] * 15, None),
+    (45, 19, 48, [0, 2, 5, 0] * 4 + [1, 1, 0], {"a": (16, 16, None, 4), "b": (16, 16, None, 4),
+                                                 "fused": (16, 16, None, 4)}),
+    (21, 70, 24, [1, 0] * 35, ((16, 32, None, 4), {"BLOCK_Q": 32, "BLOCK_KV": 16}, (16, 16, 32, 2))),
+    (5, 20, 256, [4] * 19 + [0], None),
+]
+
+
+@pytest.mark.parametrize("path", BWD_PATHS)
+@pytest.mark.parametrize("qb,kvb,d,kv_sizes,tiles", SHAPES, ids=[f"{s[0]}x{s[1]}xd{s[2]}" for s in SHAPES])
+def test_coarse_backward_shapes_and_tiles(qb, kvb, d, kv_sizes, tiles, path):
+    qc, kc, vc = _means(1, 2, qb, kvb, d, seed=qb + kvb)
+    sizes = _sizes(*kv_sizes)
+    _, out32, lse, _, _, _ = _run(qc, kc, vc, sizes, topk=kvb, with_out32=True)
+    dout = torch.randn(qc.shape, generator=torch.Generator().manual_seed(d)).to(DEV)
+    got = _bwd(qc, kc, vc, sizes, out32, lse, dout, path, tiles)
+    for name, a, w in zip(("dqc", "dkc", "dvc"), got, _bwd_reference(qc, kc, vc, sizes, dout)):
+        torch.testing.assert_close(a, w, **TOL, msg=name)
+    again = _bwd(qc, kc, vc, sizes, out32, lse, dout, path, tiles)
+    assert all(torch.equal(a, b) for a, b in zip(got, again))  # deterministic
+
+
+@pytest.mark.parametrize("path", BWD_PATHS)
+def test_coarse_backward_all_empty_is_zero(path):
+    """Every kv block empty (Qb, KVb not multiples of the tiles): LSE -inf on every row, so P = 0:
+    every gradient exactly 0, and no NaN anywhere (gradients and scratch)."""
+    qc, kc, vc = _means(1, 1, 35, 37, 32, seed=12)
+    sizes = _sizes(*([0] * 37))
     _, out32, lse, _, _, _ = _run(qc, kc, vc, sizes, topk=1, with_out32=True)
-    got = _bwd(qc, kc, vc, sizes, out32, lse, torch.randn(qc.shape, device=DEV))
+    assert torch.isneginf(lse).all()
+    scratch = {}
+    got = _bwd(qc, kc, vc, sizes, out32, lse, torch.randn(qc.shape, device=DEV), path, scratch_out=scratch)
     assert all((x == 0).all() for x in got)
+    assert all((x == 0).all() for x in scratch.values())
+
+
+@pytest.mark.parametrize("path", BWD_PATHS)
+def test_coarse_backward_neg_inf_lse_rows_get_no_gradient(path):
+    """The kernel's contract for a row with LSE -inf (what the forward writes when the row has no
+    kv block): its P is 0, so its dqc is exactly 0 and it adds nothing to dkc/dvc, even with a
+    non-zero dout and out_c there. Reference: autograd with that row's dout zeroed. Rows 0, 17, 36
+    of Qb = 37: the first row, one inside the second q tile, the last (masked-tile) row."""
+    qc, kc, vc = _means(1, 2, 37, 45, 32, seed=14)
+    sizes = _sizes(*([3, 0, 7] * 15))
+    _, out32, lse, _, _, _ = _run(qc, kc, vc, sizes, topk=45, with_out32=True)
+    rows = [0, 17, 36]
+    lse[:, :, rows] = float("-inf")
+    dout = torch.randn(qc.shape, generator=torch.Generator().manual_seed(15)).to(DEV)
+    scratch = {}
+    got = _bwd(qc, kc, vc, sizes, out32, lse, dout, path, scratch_out=scratch)
+    dout_ref = dout.clone()
+    dout_ref[:, :, rows] = 0
+    for name, a, w in zip(("dqc", "dkc", "dvc"), got, _bwd_reference(qc, kc, vc, sizes, dout_ref)):
+        torch.testing.assert_close(a, w, **TOL, msg=name)
+    assert (got[0][:, :, rows] == 0).all()
+    assert all(torch.isfinite(x).all() for x in got + list(scratch.values()))
+    if scratch:
+        assert (scratch["p_scratch"][:, :, rows] == 0).all() and (scratch["ds_scratch"][:, :, rows] == 0).all()
+
+
+def test_coarse_backward_paths_agree_bitwise_with_the_same_tiles():
+    """Phase A computes dqc exactly as the fused kernel's q side: equal bits with equal q tiles
+    under the interpreter. (dkc/dvc are summed from the same P/dS tiles in the same order too, but through a stored
+    and reloaded tile: compared to the TOL bound only.)"""
+    qc, kc, vc = _means(2, 1, 21, 40, 32, seed=16)
+    sizes = _sizes(*KV_SIZES)
+    _, out32, lse, _, _, _ = _run(qc, kc, vc, sizes, topk=40, with_out32=True)
+    dout = torch.randn(qc.shape, generator=torch.Generator().manual_seed(17)).to(DEV)
+    tiles = {"a": (16, 32, None, 4), "b": (16, 32, None, 4), "fused": (16, 32, None, 4)}
+    two = _bwd(qc, kc, vc, sizes, out32, lse, dout, "two_phase", tiles)
+    fused = _bwd(qc, kc, vc, sizes, out32, lse, dout, "fused", tiles)
+    if HAS_CUDA:  # two different compiled kernels: same arithmetic, equal bits not promised
+        torch.testing.assert_close(two[0], fused[0], **TOL)
+    else:
+        assert torch.equal(two[0], fused[0])
+    for a, b in zip(two[1:], fused[1:]):
+        torch.testing.assert_close(a, b, **TOL)
+
+
+def test_coarse_bwd_default_tiles_are_valid():
+    for phase in COARSE_BWD_PHASES:
+        for d in (8, 16, 24, 48, 64, 100, 128, 256):
+            bq, bkv, bd, warps = coarse_bwd_tiles(phase, d)
+            for x in (bq, bkv, bd):
+                assert x >= 16 and x & (x - 1) == 0, (phase, d)
+            assert bd >= d and warps in (1, 2, 4, 8, 16), (phase, d)
+
+
+def _bwd_args(qb=5, kvb=6, d=32):
+    qc, kc, vc = _means(1, 1, qb, kvb, d, seed=18)
+    sizes = _sizes(*([2] * kvb))
+    _, out32, lse, _, _, _ = _run(qc, kc, vc, sizes, topk=kvb, with_out32=True)
+    grads = [torch.empty_like(x) for x in (qc, kc, vc)]
+    return (qc, kc, vc, sizes, torch.zeros_like(qc), out32, lse, *grads)
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(p_scratch="shape"), "both or neither"),
+    (dict(p_scratch="shape", ds_scratch=(1, 1, 5, 7)), "ds_scratch"),
+    (dict(p_scratch=(1, 1, 6, 6), ds_scratch="shape"), "p_scratch"),
+    (dict(p_scratch="shape", ds_scratch="same"), "alias"),
+    (dict(tiles={"a": (8, 32, None, 4)}), "BLOCK_Q=8"),
+    (dict(tiles={"b": {"BLOCK_D": 16}}), "BLOCK_D=16 < head_dim"),
+    (dict(tiles={"c": None}), "unknown phase"),
+    (dict(tiles={"a": {"block_q": 16}}), "unknown key"),
+    (dict(tiles=((16, 16, None, 3), None)), "num_warps"),
+    (dict(tiles=((16, 16, None, 4),)), "cfg_a, cfg_b"),
+])
+def test_coarse_backward_bad_arguments(kw, match):
+    args = _bwd_args()
+    mk = lambda shape: torch.empty(shape, device=DEV)  # noqa: E731
+    kw = dict(kw)
+    for name in ("p_scratch", "ds_scratch"):
+        if kw.get(name) == "shape":
+            kw[name] = mk((1, 1, 5, 6))
+        elif kw.get(name) == "same":
+            kw[name] = kw["p_scratch"]
+        elif isinstance(kw.get(name), tuple):
+            kw[name] = mk(kw[name])
+    if "tiles" in kw and "p_scratch" not in kw:
+        kw["p_scratch"], kw["ds_scratch"] = mk((1, 1, 5, 6)), mk((1, 1, 5, 6))
+    with pytest.raises(AssertionError, match=match):
+        vsa_coarse_bwd(*args, sm_scale=0.25, **kw)
 
 
 def test_forward_is_deterministic():
