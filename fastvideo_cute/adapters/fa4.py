@@ -156,20 +156,28 @@ def _require_support(q_dtype, head_dim, block_size, need_grad):
 # ----------------------------------------------------------------------------------------------
 
 
-def zeroed_kv_padding(k: torch.Tensor, v: torch.Tensor, meta: FA4Metadata):
-    """Out-of-place copies of k/v with the padded tail of every kv tile set to 0.
+def zeroed_kv_padding(k: Optional[torch.Tensor], v: torch.Tensor, meta: FA4Metadata):
+    """Out-of-place copies of k/v with the padded tail of every kv tile set to 0 (``k`` None: V
+    only, and k comes back None).
 
     Needed only when padded keys may hold NaN/Inf: FA4 reads a PARTIAL tile whole, and although
-    the mask_mod turns the padded scores into -inf (so P = 0 there), ``P @ V`` still computes
-    ``0 * NaN = NaN`` in the forward, and the backward's ``dS = P * (dO V^T - delta)`` and
-    ``dQ = dS K`` do the same with NaN/Inf in V or K. Finite padding (e.g. the zeros the tiling
-    writes) needs nothing. Costs one read + write of k and v.
+    the mask_mod turns the padded scores into -inf by select (so P = 0 there, whatever K holds),
+    ``P @ V`` still computes ``0 * NaN = NaN`` in the forward, and the backward's
+    ``dS = P * (dO V^T - delta)`` and ``dQ = dS K`` do the same with NaN/Inf in V or K. So the
+    forward zeroes V alone and the backward both. Finite padding (e.g. the zeros the tiling
+    writes) needs nothing. On CUDA one fused Triton launch (``kernels/triton/sanitize_padding``:
+    padded rows are never read); elsewhere ``torch.where``.
     """
     kv_tile = meta.plan.kv_tile
-    pos = torch.arange(kv_tile, device=k.device, dtype=torch.int32)
-    valid = (pos[None, :] < meta.kv_tile_sizes.to(k.device)[:, None]).reshape(1, -1, 1, 1)
-    zero = torch.zeros((), dtype=k.dtype, device=k.device)
-    return torch.where(valid, k, zero), torch.where(valid, v, zero)
+    sizes = meta.kv_tile_sizes.to(device=v.device, dtype=torch.int32).contiguous()
+    if v.is_cuda:
+        from ..kernels.triton.sanitize_padding import sanitize_kv_padding
+
+        return sanitize_kv_padding(k, v, sizes, kv_tile, bshd=True)
+    pos = torch.arange(kv_tile, device=v.device, dtype=torch.int32)
+    valid = (pos[None, :] < sizes[:, None]).reshape(1, -1, 1, 1)
+    zero = torch.zeros((), dtype=v.dtype, device=v.device)
+    return (None if k is None else torch.where(valid, k, zero)), torch.where(valid, v, zero)
 
 
 def _to_fa4(fa, index: FA4SparseIndex):
@@ -238,7 +246,7 @@ def fa4_block_sparse_fwd(q, k, v, block_map, kv_block_sizes, *, block_size: int,
     arch = _require_support(q.dtype, d, block_size, bool(need_backward))
     meta = build_fwd_metadata(block_map, kv_block_sizes, fa4_fwd_plan(arch, block_size), all_full)
     if zero_kv_padding and not all_full:
-        k, v = zeroed_kv_padding(k, v, meta)
+        _, v = zeroed_kv_padding(None, v, meta)  # K's padding cannot leak in the forward
     return fa4_block_sparse_fwd_prebuilt(q, k, v, meta, softmax_scale=softmax_scale)
 
 

@@ -66,14 +66,14 @@ class FA4Backend:
     def forward(self, q, k, v, block_map, kv_block_sizes, *, block_size: int, bshd: bool, need_backward: bool,
                 sm_scale: float):
         # Padded keys may hold anything (the contract says it never leaks); FA4 reads partial tiles
-        # whole, so they are zeroed out of place when any tile is partial (known from the cached
+        # whole, so V's are zeroed out of place when any tile is partial (known from the cached
         # range check). All-full blocks skip the partial lists and the padding pass.
         del need_backward  # support() already checked the backward is servable
         partial = has_partial_blocks(kv_block_sizes, block_size)
         meta = build_fwd_metadata(block_map, kv_block_sizes, fa4_fwd_plan(fa4_arch(), block_size), not partial)
         qs, ks, vs = (_bshd_view(x, bshd) for x in (q, k, v))
-        if partial:
-            ks, vs = zeroed_kv_padding(ks, vs, meta)
+        if partial:  # V alone: K's padding cannot leak in the forward (scores masked by select)
+            _, vs = zeroed_kv_padding(None, vs, meta)
         out, lse = fa4_block_sparse_fwd_prebuilt(qs, ks, vs, meta, softmax_scale=sm_scale)
         out = out if bshd else out.transpose(1, 2)
         return out.contiguous(), lse
