@@ -48,7 +48,7 @@ def parse_args(argv=None):
     p.add_argument("--sparsity", type=float, nargs="+", default=[0.875])
     p.add_argument("--modes", nargs="+", default=["fwd", "fwdbwd"], choices=["fwd", "fwdbwd"])
     p.add_argument("--entries", nargs="+", default=["ours", "fastvideo", "dense-fa4"],
-                   choices=["ours", "ours-triton", "ours-cute", "fastvideo", "dense-fa4"])
+                   choices=["ours", "ours-triton", "ours-cute", "ours-cudnn", "fastvideo", "dense-fa4"])
     p.add_argument("--profile", action="store_true", help="glue share of ours from torch.profiler")
     p.add_argument("--warmup", type=int, default=25)
     p.add_argument("--rep", type=int, default=100)
@@ -110,7 +110,7 @@ class Bench:
             from fastvideo_cute import ops
 
             env = {"ours": {}, "ours-triton": {"FASTVIDEO_VSA_TRITON": "1"},
-                   "ours-cute": {"FASTVIDEO_VSA_CUTEDSL": "1"}}[entry]
+                   "ours-cute": {"FASTVIDEO_VSA_CUTEDSL": "1"}, "ours-cudnn": {"FASTVIDEO_VSA_BACKEND": "cudnn"}}[entry]
             call = lambda q, k, v, g: fvc.video_sparse_attn(q, k, v, p.sizes, p.sizes, p.topk,  # noqa: E731
                                                             block_size=p.tile, compress_attn_weight=g)
             with _env(env):
@@ -118,7 +118,7 @@ class Bench:
                 ms = self._timed(call, p, mode)
                 extra["served_by"] = sorted({f"{n}:{d}" for (n, d), c in ops.dispatch_counts.items()
                                              if c != before[(n, d)]})
-                if self.args.profile and entry == "ours":
+                if self.args.profile and entry in ("ours", "ours-cudnn"):
                     extra["profile"] = self._profile(call, p, mode)
         elif entry == "fastvideo":
             from bench_vsa import _Skip, _import_fastvideo
