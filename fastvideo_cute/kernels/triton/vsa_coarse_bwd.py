@@ -189,17 +189,19 @@ def _vsa_coarse_bwd_kernel(
                                                      BLOCK_Q)
         dq = tl.zeros([BLOCK_Q, BLOCK_D], dtype=tl.float32)
         for c0 in range(0, KVb, BLOCK_KV):
-            kc, vc, present, _, _, _, _ = _kv_tile(KC, VC, KV_SIZES, kv_base, c0, KVb, D, offs_d, dmask, BLOCK_KV)
+            # distinct names: Triton types every loop-carried name once (a reused `_` broke the GPU build)
+            kc, vc, present, _c0, _m0, _t0, _k0 = _kv_tile(KC, VC, KV_SIZES, kv_base, c0, KVb, D, offs_d, dmask,
+                                                           BLOCK_KV)
             p, ds = _p_ds(qc, do, delta, lse2, kc, vc, present[None, :], sm_scale, PRECISION)
             dq = tl.dot(ds, kc, dq, input_precision=PRECISION)
         tl.store(DQC + q_rows[:, None] * D + offs_d[None, :], dq * sm_scale, mask=rmask[:, None] & dmask[None, :])
     else:
-        kc, vc, present, _, _, tile, kmask = _kv_tile(KC, VC, KV_SIZES, kv_base, (pid - NQT) * BLOCK_KV, KVb, D,
-                                                      offs_d, dmask, BLOCK_KV)
+        kc, vc, present, _cols, _cmask, tile, kmask = _kv_tile(KC, VC, KV_SIZES, kv_base, (pid - NQT) * BLOCK_KV,
+                                                               KVb, D, offs_d, dmask, BLOCK_KV)
         dk = tl.zeros([BLOCK_KV, BLOCK_D], dtype=tl.float32)
         dv = tl.zeros([BLOCK_KV, BLOCK_D], dtype=tl.float32)
         for r0 in range(0, Qb, BLOCK_Q):
-            qc, do, delta, lse2, rmask, _ = _q_tile(QC, DO, O, LSE, bh, r0, Qb, D, offs_d, dmask, BLOCK_Q)
+            qc, do, delta, lse2, rmask, _rows = _q_tile(QC, DO, O, LSE, bh, r0, Qb, D, offs_d, dmask, BLOCK_Q)
             p, ds = _p_ds(qc, do, delta, lse2, kc, vc, rmask[:, None] & present[None, :], sm_scale, PRECISION)
             dv = tl.dot(tl.trans(p), do, dv, input_precision=PRECISION)
             dk = tl.dot(tl.trans(ds), qc, dk, input_precision=PRECISION)

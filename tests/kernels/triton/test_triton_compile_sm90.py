@@ -1,0 +1,105 @@
+"""The VSA glue's Triton kernels compile for sm_90 on this CPU-only box (Triton's own ptxas), with
+the tiles they launch with.
+
+Why: the interpreter (``TRITON_INTERPRET=1``, what the other CPU tests run) executes Python, so it
+accepts code that the compiler rejects. It let a kernel through whose loop re-bound a ``_`` of
+another type ("Loop-carried variable _ has initial type ..."), which failed only on the H200.
+Compiling to a cubin here catches that class of error (~5-8 s per kernel on 2 cores). The
+compile runs in a child process without ``TRITON_INTERPRET`` (the test session sets it, and then
+``triton.jit`` makes interpreted functions that cannot be compiled).
+"""
+
+import inspect
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+triton = pytest.importorskip("triton")
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from fastvideo_cute.kernels.triton import vsa_coarse_bwd as CB  # noqa: E402
+from fastvideo_cute.kernels.triton import vsa_select as S  # noqa: E402
+
+_INT_POINTERS = {"KV_SIZES", "IDX", "NUM"}
+_FLOATS = {"sm_scale"}
+_INTS = {"Qb", "KVb", "D", "NQT", "K"}  # sizes (the other upper-case names are pointers)
+
+
+def _signature(kernel, constexprs):
+    sig = {}
+    for name, param in inspect.signature(kernel.fn).parameters.items():
+        if "constexpr" in str(param.annotation):
+            sig[name] = "constexpr"
+        elif name in _FLOATS:
+            sig[name] = "fp32"
+        elif name.isupper() and name not in _INTS:
+            sig[name] = "*i32" if name in _INT_POINTERS else "*fp32"
+        else:
+            sig[name] = "i32"
+    missing = [n for n, t in sig.items() if t == "constexpr" and n not in constexprs]
+    assert not missing, missing
+    return sig
+
+
+def _tiles(cfg):
+    bq, bkv, bd, warps = cfg[:4]
+    return dict(BLOCK_Q=bq, BLOCK_KV=bkv, BLOCK_D=bd), warps
+
+
+def _cases():
+    for d in (64, 128, 256):
+        for prec in ("tf32x3", "ieee"):
+            for phase, kernel in (("a", CB._coarse_bwd_q_kernel), ("b", CB._coarse_bwd_kv_kernel),
+                                  ("fused", CB._vsa_coarse_bwd_kernel)):
+                tiles, warps = _tiles(CB.coarse_bwd_tiles(phase, d))
+                yield f"bwd-{phase}-d{d}-{prec}", kernel, dict(tiles, PRECISION=prec), warps
+            tiles, warps = _tiles(S.coarse_fwd_tiles(d))
+            yield (f"fwd-d{d}-{prec}", S._vsa_coarse_fwd_kernel,
+                   dict(tiles, WRITE_SCORES=True, WRITE_OUT32=True, PRECISION=prec), warps)
+    yield "topk-2048", S._vsa_topk_kernel, dict(BLOCK_KV=2048, TAKE_ALL=False), 1
+
+
+# d=128 with tf32x3 is what runs on the H200; the rest is breadth, kept to one precision per size
+_PICK = {"bwd-a-d128-tf32x3", "bwd-b-d128-tf32x3", "bwd-fused-d128-tf32x3", "fwd-d128-tf32x3",
+         "bwd-fused-d256-ieee", "bwd-b-d64-ieee", "topk-2048"}
+CASES = [c for c in _cases() if c[0] in _PICK]
+
+
+def _compile(name):
+    try:
+        return _compile_one(name)
+    except Exception as exc:  # noqa: BLE001 - reported per case by the test
+        return {"error": f"{type(exc).__name__}: {str(exc)[-3000:]}"}
+
+
+def _compile_one(name):
+    kernel, constexprs, warps = next((k, c, w) for n, k, c, w in _cases() if n == name)
+    src = ASTSource(kernel, _signature(kernel, constexprs), constexprs)
+    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+    ptx = compiled.asm["ptx"]
+    return {"cubin": len(compiled.asm["cubin"]), "mma": "mma" in ptx}
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    code = ("import json, sys; from tests.kernels.triton import test_triton_compile_sm90 as T; "
+            "print(json.dumps({n: T._compile(n) for n in sys.argv[1:]}))")
+    run = subprocess.run([sys.executable, "-c", code, *[c[0] for c in CASES]], env=env, capture_output=True,
+                         text=True, timeout=900, cwd=os.path.dirname(os.path.dirname(os.path.dirname(
+                             os.path.dirname(os.path.abspath(__file__))))))
+    assert run.returncode == 0, run.stderr[-4000:]
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("name", [c[0] for c in CASES])
+def test_compiles_for_sm90(compiled, name):
+    res = compiled[name]
+    assert "error" not in res, res.get("error")
+    assert res["cubin"] > 0
+    if "tf32x3" in name:
+        assert res["mma"], "tensor-core dots expected in the PTX"
