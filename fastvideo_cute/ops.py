@@ -46,8 +46,7 @@ def _bhs(q: Tensor, bshd: bool) -> Tuple[int, int, int]:
     return b, h, s
 
 
-@torch.library.custom_op("fastvideo_cute::block_sparse_attn_fwd", mutates_args=())
-def _fwd(q: Tensor, k: Tensor, v: Tensor, block_map: Tensor, kv_block_sizes: Tensor, block_size: int,
+def _fwd_impl(q: Tensor, k: Tensor, v: Tensor, block_map: Tensor, kv_block_sizes: Tensor, block_size: int,
          bshd: bool, need_grad: bool, sm_scale: float, need_lse: bool, route: str,
          range_checked: bool) -> Tuple[Tensor, Tensor]:
     if not range_checked:  # traced by torch.compile: the API's eager check did not run
@@ -61,6 +60,9 @@ def _fwd(q: Tensor, k: Tensor, v: Tensor, block_map: Tensor, kv_block_sizes: Ten
                                    need_backward=need_grad, sm_scale=sm_scale)
 
 
+_fwd = torch.library.custom_op("fastvideo_cute::block_sparse_attn_fwd", mutates_args=())(_fwd_impl)
+
+
 @_fwd.register_fake
 def _fwd_fake(q, k, v, block_map, kv_block_sizes, block_size, bshd, need_grad, sm_scale, need_lse, route,
               range_checked):
@@ -68,8 +70,7 @@ def _fwd_fake(q, k, v, block_map, kv_block_sizes, block_size, bshd, need_grad, s
     return out, q.new_empty(_bhs(q, bshd), dtype=torch.float32)
 
 
-@torch.library.custom_op("fastvideo_cute::block_sparse_attn_bwd", mutates_args=())
-def _bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, block_map: Tensor,
+def _bwd_impl(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, block_map: Tensor,
          kv_block_sizes: Tensor, block_size: int, bshd: bool, sm_scale: float, route: str) -> Tuple[Tensor, Tensor,
                                                                                                  Tensor]:
     """``route`` is the forward op's route argument (saved by autograd): its backward half runs."""
@@ -81,6 +82,9 @@ def _bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor
     dispatch_counts[(route, "bwd")] += 1
     return BACKENDS[route].backward(q, k, v, out, dout, lse, block_map, kv_block_sizes, block_size=block_size,
                                     bshd=bshd, sm_scale=sm_scale)
+
+
+_bwd = torch.library.custom_op("fastvideo_cute::block_sparse_attn_bwd", mutates_args=())(_bwd_impl)
 
 
 @_bwd.register_fake

@@ -21,7 +21,10 @@ The summation order is fixed (sparse first, then the compression term), so the r
 deterministic as the route's backward.
 
 Traceable by ``torch.compile`` (Dynamo traces ``autograd.Function`` through the custom ops' fake
-implementations; the in-place accumulation is a custom op that declares what it mutates).
+implementations; the in-place accumulation is a custom op that declares what it mutates). In eager
+mode the function calls the ops' implementations directly (``*_impl``, the same code the ops run):
+a custom-op call costs ~35 us of Python dispatch, eight per training step, on a forward that was
+host-bound on the H200 (``benchmarks/results/vsa_e2e_h200_v2.json``: 2.97 ms wall, 2.23 ms GPU).
 """
 
 from __future__ import annotations
@@ -56,19 +59,25 @@ def _dedupe(tensors):
 _N_INPUTS = 6  # q, k, v, gate, q_sizes, kv_sizes
 
 
+def _op(name: str):
+    """The custom op while ``torch.compile`` traces (it must see the op), else its implementation."""
+    module = ops if name in ("_fwd", "_bwd") else vsa_ops
+    return getattr(module, name if torch.compiler.is_compiling() else name + "_impl")
+
+
 class _VideoSparseAttn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, slots, topk: int, block: int, bshd: bool, sm_scale: float, route: str, range_checked: bool,
                 need_grad: bool, *uniq: Tensor) -> Tensor:
         q, k, v, gate, q_sizes, kv_sizes = (uniq[i] if i >= 0 else None for i in slots)
         kvb = kv_sizes.shape[0]
-        qc, kc, vc = vsa_ops._compress(q, k, v, q_sizes, kv_sizes, block, bshd, range_checked)
-        out_c, out_acc, lse_c, q2k_idx, q2k_num = vsa_ops._select(qc, kc, vc, kv_sizes, topk, sm_scale, q.dtype,
+        qc, kc, vc = _op("_compress")(q, k, v, q_sizes, kv_sizes, block, bshd, range_checked)
+        out_c, out_acc, lse_c, q2k_idx, q2k_num = _op("_select")(qc, kc, vc, kv_sizes, topk, sm_scale, q.dtype,
                                                                   need_grad)
         block_map = index_to_map(q2k_idx, q2k_num, kvb)
-        out_s, lse_s = ops._fwd(q, k, v, block_map, kv_sizes, block, bshd, need_grad, sm_scale, need_grad, route,
+        out_s, lse_s = _op("_fwd")(q, k, v, block_map, kv_sizes, block, bshd, need_grad, sm_scale, need_grad, route,
                                 range_checked)
-        out = vsa_ops._gate(out_s, out_c, gate, block, bshd)
+        out = _op("_gate")(out_s, out_c, gate, block, bshd)
         if need_grad:
             ctx.save_for_backward(*uniq, qc, kc, vc, out_c, out_acc if out_acc.numel() else out_c, lse_c,
                                   block_map, out_s, lse_s)
@@ -85,10 +94,10 @@ class _VideoSparseAttn(torch.autograd.Function):
         slot_q, slot_k, slot_v, slot_g = ctx.slots[:4]
         block, bshd, sm_scale = ctx.block, ctx.bshd, ctx.sm_scale
         do = dout if dout.stride(-1) == 1 else dout.contiguous()
-        d_gate, d_out_c = vsa_ops._gate_bwd(do, out_c, gate, block, bshd, bool(gate is not None and need[slot_g]))
-        dq, dk, dv = ops._bwd(do, q, k, v, out_s, lse_s, block_map, kv_sizes, block, bshd, sm_scale, ctx.route)
-        dqc, dkc, dvc = vsa_ops._select_bwd(d_out_c, qc, kc, vc, kv_sizes, out_acc.to(qc.dtype), lse_c, sm_scale)
-        vsa_ops._compress_bwd_accumulate(dqc, dkc, dvc, q_sizes, kv_sizes, dq, dk, dv, block, bshd)
+        d_gate, d_out_c = _op("_gate_bwd")(do, out_c, gate, block, bshd, bool(gate is not None and need[slot_g]))
+        dq, dk, dv = _op("_bwd")(do, q, k, v, out_s, lse_s, block_map, kv_sizes, block, bshd, sm_scale, ctx.route)
+        dqc, dkc, dvc = _op("_select_bwd")(d_out_c, qc, kc, vc, kv_sizes, out_acc.to(qc.dtype), lse_c, sm_scale)
+        _op("_compress_bwd_accumulate")(dqc, dkc, dvc, q_sizes, kv_sizes, dq, dk, dv, block, bshd)
         grads = [None] * ctx.n_uniq
         for slot, g in ((slot_q, dq), (slot_k, dk), (slot_v, dv), (slot_g, d_gate if gate is not None else None)):
             if g is not None and slot >= 0 and need[slot]:

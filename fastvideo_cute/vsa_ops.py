@@ -196,8 +196,7 @@ def _means_shape(x: Tensor, block: int, bshd: bool) -> Tuple[int, int, int, int]
     return b, h, _seq(x, bshd) // block, x.shape[3]
 
 
-@torch.library.custom_op("fastvideo_cute::vsa_compress", mutates_args=())
-def _compress(q: Tensor, k: Tensor, v: Tensor, q_sizes: Tensor, kv_sizes: Tensor, block: int,
+def _compress_impl(q: Tensor, k: Tensor, v: Tensor, q_sizes: Tensor, kv_sizes: Tensor, block: int,
               bshd: bool, range_checked: bool) -> Tuple[Tensor, Tensor, Tensor]:
     if not range_checked:  # e.g. traced by torch.compile, where the API's eager check does not run
         check_sizes_range(q_sizes, block, "q_variable_block_sizes")
@@ -216,6 +215,9 @@ def _compress(q: Tensor, k: Tensor, v: Tensor, q_sizes: Tensor, kv_sizes: Tensor
             _mean_torch(v, kv_sizes, block, bshd))
 
 
+_compress = torch.library.custom_op("fastvideo_cute::vsa_compress", mutates_args=())(_compress_impl)
+
+
 @_compress.register_fake
 def _compress_fake(q, k, v, q_sizes, kv_sizes, block, bshd, range_checked):
     acc = _acc(q.dtype)
@@ -223,8 +225,7 @@ def _compress_fake(q, k, v, q_sizes, kv_sizes, block, bshd, range_checked):
     return q.new_empty(_means_shape(q, block, bshd), dtype=acc), kc, torch.empty_like(kc)
 
 
-@torch.library.custom_op("fastvideo_cute::vsa_compress_bwd", mutates_args=())
-def _compress_bwd(dqc: Optional[Tensor], dkc: Optional[Tensor], dvc: Optional[Tensor], q_sizes: Tensor,
+def _compress_bwd_impl(dqc: Optional[Tensor], dkc: Optional[Tensor], dvc: Optional[Tensor], q_sizes: Tensor,
                   kv_sizes: Tensor, q_shape: List[int], kv_shape: List[int], dtype: torch.dtype, block: int,
                   bshd: bool) -> Tuple[Tensor, Tensor, Tensor]:
     """Fresh dq/dk/dv (call layout, contiguous, ``dtype``); an absent mean gradient gives a
@@ -247,6 +248,9 @@ def _compress_bwd(dqc: Optional[Tensor], dkc: Optional[Tensor], dvc: Optional[Te
         if g is not None:
             _blocks(out, block, bshd).copy_(_spread_torch(g.to(_acc(dtype)), sizes, block))
     return outs[0], outs[1], outs[2]
+
+
+_compress_bwd = torch.library.custom_op("fastvideo_cute::vsa_compress_bwd", mutates_args=())(_compress_bwd_impl)
 
 
 @_compress_bwd.register_fake
@@ -278,8 +282,7 @@ def _compress_backward(ctx, dqc, dkc, dvc):
 torch.library.register_autograd("fastvideo_cute::vsa_compress", _compress_backward, setup_context=_compress_setup)
 
 
-@torch.library.custom_op("fastvideo_cute::vsa_compress_bwd_accumulate", mutates_args=("dq", "dk", "dv"))
-def _compress_bwd_accumulate(dqc: Optional[Tensor], dkc: Optional[Tensor], dvc: Optional[Tensor], q_sizes: Tensor,
+def _compress_bwd_accumulate_impl(dqc: Optional[Tensor], dkc: Optional[Tensor], dvc: Optional[Tensor], q_sizes: Tensor,
                              kv_sizes: Tensor, dq: Optional[Tensor], dk: Optional[Tensor], dv: Optional[Tensor],
                              block: int, bshd: bool) -> None:
     present = [x for x in (dq, dk, dv) if x is not None]
@@ -302,6 +305,10 @@ def _compress_bwd_accumulate(dqc: Optional[Tensor], dkc: Optional[Tensor], dvc: 
             xb.copy_(torch.where(valid, added, xb))  # padding rewritten with its own bits
 
 
+_compress_bwd_accumulate = torch.library.custom_op("fastvideo_cute::vsa_compress_bwd_accumulate",
+                                                   mutates_args=("dq", "dk", "dv"))(_compress_bwd_accumulate_impl)
+
+
 @_compress_bwd_accumulate.register_fake
 def _compress_bwd_accumulate_fake(dqc, dkc, dvc, q_sizes, kv_sizes, dq, dk, dv, block, bshd):
     return None
@@ -309,8 +316,7 @@ def _compress_bwd_accumulate_fake(dqc, dkc, dvc, q_sizes, kv_sizes, dq, dk, dv, 
 
 # ---------------------------------------------------------------- selection ops
 
-@torch.library.custom_op("fastvideo_cute::vsa_select", mutates_args=())
-def _select(qc: Tensor, kc: Tensor, vc: Tensor, kv_sizes: Tensor, topk: int, sm_scale: float,
+def _select_impl(qc: Tensor, kc: Tensor, vc: Tensor, kv_sizes: Tensor, topk: int, sm_scale: float,
             out_dtype: torch.dtype, need_grad: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """-> (out_c, out_acc, lse, q2k_idx, q2k_num). ``out_acc`` is the accumulation-dtype out_c kept
     for the backward when ``need_grad`` and ``out_dtype`` differs from it, else 0 elements."""
@@ -340,6 +346,9 @@ def _select(qc: Tensor, kc: Tensor, vc: Tensor, kv_sizes: Tensor, topk: int, sm_
     return out, (out_acc if keep_acc else out_acc.new_empty(0)), lse, idx, num
 
 
+_select = torch.library.custom_op("fastvideo_cute::vsa_select", mutates_args=())(_select_impl)
+
+
 @_select.register_fake
 def _select_fake(qc, kc, vc, kv_sizes, topk, sm_scale, out_dtype, need_grad):
     b, h, qb, d = qc.shape
@@ -350,8 +359,7 @@ def _select_fake(qc, kc, vc, kv_sizes, topk, sm_scale, out_dtype, need_grad):
             qc.new_empty((b, h, qb), dtype=torch.int32))
 
 
-@torch.library.custom_op("fastvideo_cute::vsa_select_bwd", mutates_args=())
-def _select_bwd(dout: Tensor, qc: Tensor, kc: Tensor, vc: Tensor, kv_sizes: Tensor, out_acc: Tensor, lse: Tensor,
+def _select_bwd_impl(dout: Tensor, qc: Tensor, kc: Tensor, vc: Tensor, kv_sizes: Tensor, out_acc: Tensor, lse: Tensor,
                 sm_scale: float) -> Tuple[Tensor, Tensor, Tensor]:
     if _use_triton(qc):
         from .kernels.triton.vsa_coarse_bwd import vsa_coarse_bwd
@@ -368,6 +376,9 @@ def _select_bwd(dout: Tensor, qc: Tensor, kc: Tensor, vc: Tensor, kv_sizes: Tens
         return dqc, dkc, dvc
     dqc, dkc, dvc = _select_bwd_torch(dout, qc, kc, vc, kv_sizes, out_acc, lse, sm_scale)
     return dqc.contiguous(), dkc.contiguous(), dvc.contiguous()
+
+
+_select_bwd = torch.library.custom_op("fastvideo_cute::vsa_select_bwd", mutates_args=())(_select_bwd_impl)
 
 
 @_select_bwd.register_fake
@@ -397,8 +408,7 @@ torch.library.register_autograd("fastvideo_cute::vsa_select", _select_backward, 
 
 # ---------------------------------------------------------------- gate ops
 
-@torch.library.custom_op("fastvideo_cute::vsa_gate", mutates_args=())
-def _gate(out_s: Tensor, out_c: Tensor, gate: Optional[Tensor], block: int, bshd: bool) -> Tensor:
+def _gate_impl(out_s: Tensor, out_c: Tensor, gate: Optional[Tensor], block: int, bshd: bool) -> Tensor:
     if _use_triton(out_s) and _use_triton(out_c):
         from .kernels.triton.vsa_gate import vsa_gate_fwd
 
@@ -410,13 +420,15 @@ def _gate(out_s: Tensor, out_c: Tensor, gate: Optional[Tensor], block: int, bshd
     return _gate_torch(out_s, out_c, gate, block, bshd)
 
 
+_gate = torch.library.custom_op("fastvideo_cute::vsa_gate", mutates_args=())(_gate_impl)
+
+
 @_gate.register_fake
 def _gate_fake(out_s, out_c, gate, block, bshd):
     return torch.empty_like(out_s, memory_format=torch.contiguous_format)
 
 
-@torch.library.custom_op("fastvideo_cute::vsa_gate_bwd", mutates_args=())
-def _gate_bwd(dout: Tensor, out_c: Tensor, gate: Optional[Tensor], block: int, bshd: bool,
+def _gate_bwd_impl(dout: Tensor, out_c: Tensor, gate: Optional[Tensor], block: int, bshd: bool,
               need_dgate: bool) -> Tuple[Tensor, Tensor]:
     """-> (d_gate (0 elements without a gate or when not needed), d_out_c)."""
     if _use_triton(dout) and _use_triton(out_c):
@@ -431,6 +443,9 @@ def _gate_bwd(dout: Tensor, out_c: Tensor, gate: Optional[Tensor], block: int, b
                          _bhsd(d_gate, bshd) if with_gate else None, d_out_c, block=block)
         return d_gate, d_out_c
     return _gate_bwd_torch(dout, out_c, gate, block, bshd, need_dgate)
+
+
+_gate_bwd = torch.library.custom_op("fastvideo_cute::vsa_gate_bwd", mutates_args=())(_gate_bwd_impl)
 
 
 @_gate_bwd.register_fake
