@@ -54,6 +54,9 @@ def parse_args(argv=None):
     p.add_argument("--rep", type=int, default=100)
     p.add_argument("--name", default="vsa_e2e_h200")
     p.add_argument("--out", default=None)
+    p.add_argument("--plot", default=None, help="PNG path: time per entry and call (needs matplotlib: .[bench])")
+    p.add_argument("--replot", nargs="+", default=None, metavar="JSON",
+                   help="no benchmark: draw --plot from results JSONs (works on CPU)")
     return p.parse_args(argv)
 
 
@@ -225,12 +228,61 @@ def add_speedups(rows):
                 r[f"speedup_vs_{other}"] = o["ms"] / r["ms"]
 
 
+def plot(rows, path, title):
+    """Grouped bars: ms per entry for each (preset, tile, sparsity, mode), speed-up over FastVideo
+    written on ours's bars, glue share in the label."""
+    try:
+        import matplotlib
+    except ImportError as exc:
+        raise SystemExit("--plot needs matplotlib: pip install -e '.[bench]'") from exc
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ok = [r for r in rows if r["status"] == "ok"]
+    groups = sorted({(r["preset"], tuple(r["tile"]), r["sparsity"], r["mode"]) for r in ok})
+    entries = [e for e in ("ours", "ours-cudnn", "ours-triton", "ours-cute", "fastvideo", "dense-fa4")
+               if any(r["entry"] == e for r in ok)]
+    colours = {"ours": "#000000", "ours-cudnn": "#76b900", "ours-triton": "#1f77b4", "ours-cute": "#d62728",
+               "fastvideo": "#ff7f0e", "dense-fa4": "#7f7f7f"}
+    fig, ax = plt.subplots(figsize=(max(6, 2.2 * len(groups)), 4.5))
+    width = 0.8 / max(1, len(entries))
+    for i, e in enumerate(entries):
+        xs, ys = [], []
+        for g, key in enumerate(groups):
+            r = next((r for r in ok if (r["preset"], tuple(r["tile"]), r["sparsity"], r["mode"]) == key
+                      and r["entry"] == e), None)
+            if r is None:
+                continue
+            xs.append(g + i * width)
+            ys.append(r["ms"])
+            if e.startswith("ours") and r.get("speedup_vs_fastvideo"):
+                ax.text(g + i * width, r["ms"], f"x{r['speedup_vs_fastvideo']:.2f}", ha="center", va="bottom", fontsize=7)
+        ax.bar(xs, ys, width, label=e, color=colours.get(e))
+    ax.set_xticks([g + 0.4 - width / 2 for g in range(len(groups))])
+    ax.set_xticklabels([f"{p}\n{'x'.join(map(str, t))} s={s} {m}" for p, t, s, m in groups], fontsize=7)
+    ax.set_ylabel("ms (lower is better); x = speed-up vs FastVideo")
+    ax.set_yscale("log")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    return path
+
+
 def main(argv=None):
+    args = parse_args(argv)
+    if args.replot:
+        rows, names = [], []
+        for path in args.replot:
+            payload = json.loads(Path(path).read_text())
+            rows += payload["results"]
+            names.append(payload.get("name", Path(path).stem))
+        print(f"plot: {plot(rows, args.plot or Path(args.replot[0]).with_suffix('.png'), ' + '.join(names))}")
+        return 0
     import torch
 
     from bench_vsa import environment
 
-    args = parse_args(argv)
     from fastvideo_cute.warmup_presets import PRESETS
 
     bench, t0 = Bench(args), time.time()
@@ -260,6 +312,8 @@ def main(argv=None):
                   f"x{r.get('speedup_vs_fastvideo', float('nan')):.2f} vs FastVideo"
                   + (f", glue {r['profile']['glue_share'] * 100:.1f}%" if r.get("profile") else ""))
     print(f"results: {out}")
+    if args.plot:
+        print(f"plot: {plot(bench.rows, args.plot, args.name)}")
     return 0
 
 

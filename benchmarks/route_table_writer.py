@@ -44,7 +44,7 @@ def build_route_table(payloads, source: str) -> dict:
         entries.append({"arch": arch_, "block_size": block, "direction": direction, "tiles": tiles,
                         "head_dim": head_dim, "order": order, "ms": {n: round(totals[n], 4) for n in order},
                         "cases": cases})
-    measured = {"gpu": env.get("gpu") or "?", "commit": env.get("git_commit") or "?"}
+    measured = {"gpu": env.get("gpu") or "?", "commit": env.get("tree_commit") or env.get("git_commit") or "?"}
     measured.update({name: env[name] for name in TRACKED if env.get(name)})
     return {"schema": 1, "source": source, "measured_with": measured, "entries": entries}
 
