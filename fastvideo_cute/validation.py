@@ -110,8 +110,8 @@ def check_block_map(block_map, shapes: Shapes, block_size: int, device: torch.de
     return block_map
 
 
-# id(tensor) -> (key, has a partial block, smallest entry) of a tensor whose range was checked;
-# dropped when it dies.
+# id(tensor) -> (key, smallest entry) of a tensor whose range was checked ("some block is partial"
+# is smallest < block_size); dropped when it dies.
 _RANGE_OK: dict = {}
 
 
@@ -124,15 +124,16 @@ def _record_key(sizes: torch.Tensor, block_size: int):
     return (version, sizes.data_ptr(), tuple(sizes.shape), block_size)
 
 
-def _remember(sizes: torch.Tensor, key, partial: bool, smallest: int) -> None:
+def _remember(sizes: torch.Tensor, key, smallest: int) -> None:
     if id(sizes) not in _RANGE_OK:
         weakref.finalize(sizes, _RANGE_OK.pop, id(sizes), None)
-    _RANGE_OK[id(sizes)] = (key, partial, smallest)
+    _RANGE_OK[id(sizes)] = (key, smallest)
 
 
-def _device_backstop(sizes: torch.Tensor, block_size: int, partial: bool, name: str, smallest: int = 0) -> None:
+def _device_backstop(sizes: torch.Tensor, block_size: int, name: str, smallest: int = 0) -> None:
     lo, hi = torch.aminmax(sizes)
-    ok = (lo >= smallest) & (hi <= block_size) if partial else (lo == block_size) & (hi == block_size)
+    ok = (lo >= smallest) & (hi <= block_size)
+    partial = smallest < block_size
     torch._assert_async(ok, f"{name} changed behind the library's back (a write through .data, or in place to an "
                             f"inference tensor) and no longer matches its range check [{smallest}, {block_size}]"
                             f"{'' if partial else ' with every block full'}; re-create the tensor instead")
@@ -146,17 +147,17 @@ def check_sizes_range(sizes: torch.Tensor, block_size: int, name: str = "variabl
     key = _record_key(sizes, block_size)
     entry = _RANGE_OK.get(id(sizes))
     if entry is not None and entry[0] == key and sizes.device.type != "cpu":
-        _device_backstop(sizes, block_size, entry[1], name, entry[2])
+        _device_backstop(sizes, block_size, name, entry[1])
         return
     if sizes.is_cuda and torch.cuda.is_current_stream_capturing():
         # A host read is illegal while a CUDA graph is captured: check on the device only (call
         # once before capture to get the ValueError and the "every block full" record).
-        _device_backstop(sizes, block_size, True, name)
+        _device_backstop(sizes, block_size, name)
         return
     lo, hi = (int(x) for x in torch.aminmax(sizes))
     if lo < 0 or hi > block_size:
         raise ValueError(f"{name} must lie in [0, {block_size}], got values in [{lo}, {hi}]")
-    _remember(sizes, key, lo < block_size, lo)
+    _remember(sizes, key, lo)
 
 
 def check_block_sizes(sizes, num_blocks: int, block_size: int, device: torch.device,
@@ -179,7 +180,7 @@ def check_block_sizes(sizes, num_blocks: int, block_size: int, device: torch.dev
     converted = sizes.to(torch.int32).contiguous()
     entry = _RANGE_OK.get(id(sizes))
     if entry is not None and _has_values(converted):
-        _remember(converted, _record_key(converted, block_size), entry[1], entry[2])
+        _remember(converted, _record_key(converted, block_size), entry[1])
     return converted
 
 
@@ -187,21 +188,16 @@ def has_partial_blocks(sizes: torch.Tensor, block_size: int) -> bool:
     """Whether some block is shorter than ``block_size``, from the range check's record when it
     has one for this tensor (no sync); True (the safe answer) when unknown, as while
     ``torch.compile`` traces."""
-    if torch.compiler.is_compiling():
-        return True
-    entry = _RANGE_OK.get(id(sizes))
-    if entry is not None and _has_values(sizes) and entry[0] == _record_key(sizes, block_size):
-        return entry[1]
-    return True
+    smallest = smallest_block(sizes, block_size)
+    return smallest is None or smallest < block_size
 
 
 def smallest_block(sizes: torch.Tensor, block_size: int) -> Optional[int]:
     """The smallest entry of ``sizes`` from the range check's record (no sync; the device-side
-    backstop guards it like the "every block full" fact), or None when unknown (no record, or
-    ``torch.compile`` tracing)."""
+    backstop guards it), or None when unknown (no record, or ``torch.compile`` tracing)."""
     if torch.compiler.is_compiling():
         return None
     entry = _RANGE_OK.get(id(sizes))
     if entry is not None and _has_values(sizes) and entry[0] == _record_key(sizes, block_size):
-        return entry[2]
+        return entry[1]
     return None

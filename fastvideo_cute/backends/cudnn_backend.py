@@ -14,27 +14,17 @@ sm_100/sm_110/sm_120 paths are compile-checked only.
 
 from __future__ import annotations
 
-import functools
-from typing import Dict, Tuple
+from typing import Dict
 
 from ..adapters.cudnn_bsa_support import cudnn_support
 from ..call import CallInfo
 from ..metadata import map_to_index
 from ..validation import has_partial_blocks
-from .base import CompileKey, Verdict, basic_key, module_installed
+from .base import CompileKey, Verdict, basic_key, module_installed, stack_problems
 
 __all__ = ["CudnnBackend"]
 
 _INSTALL = "pip install 'fastvideo-cute[cudnn]' (pins nvidia-cudnn-frontend==1.32.0)"
-
-
-@functools.lru_cache(maxsize=1)
-def _stack_problems() -> Tuple[str, ...]:
-    """The installed stack's version problems, read once per process (reading package metadata
-    took ~0.6 ms per call on the H200 host, ahead of every routed call)."""
-    from ..adapters.cudnn_bsa import cudnn_version_problems
-
-    return tuple(cudnn_version_problems())
 
 
 class CudnnBackend:
@@ -56,7 +46,9 @@ class CudnnBackend:
             return False, reason
         if not module_installed("cudnn"):
             return False, f"nvidia-cudnn-frontend is not installed ({_INSTALL})"
-        problems = _stack_problems()
+        from ..adapters.cudnn_bsa import cudnn_version_problems
+
+        problems = stack_problems(cudnn_version_problems)
         if problems:
             return False, "cuDNN-frontend version mismatch: " + "; ".join(map(str, problems)) + f" ({_INSTALL})"
         return True, "ok"

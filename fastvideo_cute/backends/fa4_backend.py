@@ -16,7 +16,7 @@ from ..adapters.fa4 import (build_bwd_metadata, build_fwd_metadata, fa4_arch, fa
 from ..adapters.fa4_plan import FA4_HEAD_DIMS
 from ..call import CallInfo
 from ..validation import has_partial_blocks
-from .base import CompileKey, Verdict, basic_key, module_installed
+from .base import CompileKey, Verdict, basic_key, module_installed, stack_problems
 
 __all__ = ["FA4Backend"]
 
@@ -44,7 +44,7 @@ class FA4Backend:
             return False, reason
         if not module_installed("flash_attn"):
             return False, f"flash-attn-4 is not installed ({_INSTALL})"
-        problems = fa4_version_problems()
+        problems = stack_problems(fa4_version_problems)
         if problems:
             return False, "CuTe stack version mismatch: " + "; ".join(map(str, problems)) + f" ({_INSTALL})"
         return True, "ok"
