@@ -34,12 +34,16 @@ __all__ = [
 ]
 
 
-def _block_sparse(q, k, v, block_map, variable_block_sizes, block_size: int, bshd: bool) -> Tuple[Tensor, Tensor]:
+def _block_sparse(q, k, v, block_map, variable_block_sizes, block_size: int, bshd: bool,
+                  q2k: Optional[Tuple[Tensor, Tensor]] = None) -> Tuple[Tensor, Tensor]:
+    """``q2k``: checked ascending ``(idx [B, H, Qb, W], num [B, H, Qb])`` int32 lists in place of
+    ``block_map`` (None then): the index-native entry points (``api_indices``)."""
     shapes = check_qkv(q, k, v, bshd=bshd, block_size=block_size, head_dims=supported_head_dims())
-    block_map = check_block_map(block_map, shapes, block_size, q.device)
+    if q2k is None:
+        block_map = check_block_map(block_map, shapes, block_size, q.device)
     sizes = check_block_sizes(variable_block_sizes, shapes.kv_len // block_size, block_size, q.device)
     return block_sparse_attn_op(q, k, v, block_map, sizes, block_size=block_size, bshd=bshd,
-                                sm_scale=shapes.head_dim ** -0.5)
+                                sm_scale=shapes.head_dim ** -0.5, q2k=q2k)
 
 
 def block_sparse_attn(q: Tensor, k: Tensor, v: Tensor, block_map: Tensor,
@@ -119,7 +123,11 @@ def _video_sparse(q, k, v, variable_block_sizes, q_variable_block_sizes, topk, b
     shapes = check_qkv(q, k, v, bshd=bshd, block_size=block_elements, head_dims=supported_head_dims())
     qb, kvb = shapes.q_len // block_elements, shapes.kv_len // block_elements
     kv_sizes = check_block_sizes(variable_block_sizes, kvb, block_elements, q.device)
-    q_sizes = check_block_sizes(q_variable_block_sizes, qb, block_elements, q.device, name="q_variable_block_sizes")
+    if q_variable_block_sizes is variable_block_sizes and qb == kvb:
+        q_sizes = kv_sizes  # one tensor for both (the common self-attention call): checked once
+    else:
+        q_sizes = check_block_sizes(q_variable_block_sizes, qb, block_elements, q.device,
+                                    name="q_variable_block_sizes")
     _check_topk(topk)
     if compress_attn_weight is not None:
         if not isinstance(compress_attn_weight, Tensor):

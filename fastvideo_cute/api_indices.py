@@ -11,9 +11,12 @@ FastVideo's layout:
 
 Dataflow: ``check_qkv`` / ``check_block_sizes`` (validation.py) -> :func:`check_index_lists`
 (shapes, dtypes, device; then the values) -> :func:`_lists_to_op`, the one place lists meet
-the op. Today that builds the bool map with one scatter and calls the public map API (whose
-backend rebuilds ascending lists), so list order does not matter and the result equals the
-map API's bit for bit. The lead will route lists to the op natively there.
+the op. There the lists are sorted ascending per row (one device sort) and go to the op as
+lists: a backend whose kernels take lists (cuDNN BSA, the Triton forward at its native tile)
+never sees a bool map; the others build the map from them. Ascending rows are what the map API's
+``map_to_index`` gives, so list order does not matter and the result equals the map API's bit
+for bit. (Under ``torch.compile`` / CUDA-graph capture the values are not checked, so the lists
+take the map API's path through one bounds-safe scatter instead.)
 
 Value checks (counts in ``[0, W]``, indices in ``[0, KVb)``, no duplicates) run as one device
 reduction read back once: a host sync. As with the sizes range check in validation.py, a pass
@@ -195,17 +198,38 @@ def lists_to_map(q2k_idx: Tensor, q2k_num: Tensor, kv_blocks: int) -> Tensor:
     return out[..., :kv_blocks]
 
 
+def ascending_lists(q2k_idx: Tensor, q2k_num: Tensor, kv_blocks: int, batch: int) -> Tuple[Tensor, Tensor]:
+    """Checked q2k lists -> the op's list form: int32 contiguous ``[B, H, Qb, W]`` / ``[B, H, Qb]``
+    with each row's used entries ascending (one sort on the device; a 3-D input is expanded over
+    the batch). The entries past ``num`` become 0, a valid id that no kernel reads. Ascending
+    rows are what ``map_to_index`` gives, so a list-walking kernel accumulates in the order the
+    map API's call would, and the result is the map API's bit for bit."""
+    used = _used(q2k_idx, q2k_num)
+    key = torch.where(used, q2k_idx.to(torch.int32), kv_blocks)
+    idx = torch.sort(key, dim=-1).values
+    idx = torch.where(idx >= kv_blocks, 0, idx)
+    num = q2k_num.to(torch.int32)
+    if idx.dim() == 3:
+        idx, num = idx.unsqueeze(0).expand(batch, *idx.shape), num.unsqueeze(0).expand(batch, *num.shape)
+    return idx.contiguous(), num.contiguous()
+
+
 def _lists_to_op(q: Tensor, k: Tensor, v: Tensor, q2k_idx: Tensor, q2k_num: Tensor, variable_block_sizes: Tensor,
                  *, block_size: int, bshd: bool, kv_blocks: int) -> Tuple[Tensor, Tensor]:
     """Run block-sparse attention on checked q2k lists. THE place lists meet the op.
 
-    Today: the lists become a bool map by one scatter (:func:`lists_to_map`) and go through the
-    public map API, whose backend rebuilds ascending lists from it. The lead will route the
-    lists to the op natively here (no map round trip); every index-native entry point in the
-    library (``block_sparse_attn*_from_indices``, the compat ``block_sparse_attn_from_indices``
-    and the compat ``block_sparse_attn_varlen``) comes through this function, so none of them
-    needs to change then.
+    When their values were checked (eager mode outside CUDA-graph capture: see
+    :func:`values_unreadable`), the lists go to the op as lists (:func:`ascending_lists`; no bool
+    map unless the route's kernels take one). While ``torch.compile`` traces or a graph captures,
+    the values were not read, so the lists become a bool map by one scatter (:func:`lists_to_map`,
+    which drops an out-of-range entry instead of letting a kernel read out of bounds) and go
+    through the map API. Every index-native entry point (``block_sparse_attn*_from_indices``, the
+    compat ``block_sparse_attn_from_indices`` and ``block_sparse_attn_varlen``) comes through here.
     """
+    if not values_unreadable([q2k_idx, q2k_num]) and q2k_idx.shape[-1] >= 1:
+        batch = q.shape[0]
+        return api._block_sparse(q, k, v, None, variable_block_sizes, block_size, bshd,
+                                 q2k=ascending_lists(q2k_idx, q2k_num, kv_blocks, batch))
     block_map = lists_to_map(q2k_idx, q2k_num, kv_blocks)
     return _MAP_API[(block_size, bshd)](q, k, v, block_map, variable_block_sizes)
 

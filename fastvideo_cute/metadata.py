@@ -10,15 +10,21 @@ Layouts (all int32, GPU-resident when the map is):
 - q2k: ``idx [B, H, Qb, KVb]`` (first ``num[b, h, i]`` entries are the kv blocks query block
   i selected, ascending; the rest is filler that kernels never read), ``num [B, H, Qb]``.
 - k2q: the transpose, ``idx [B, H, KVb, Qb]``, ``num [B, H, KVb]``.
+
+:class:`BlockSparsity` is what the ops hand a backend: the selection of one call as it arrived
+(a bool map, or q2k lists such as ``video_sparse_attn``'s top-k writes), with the other form
+built on demand, once. A backend asks for the form its kernels take, so lists that go to a
+list-taking kernel (cuDNN BSA, our Triton forward at its native tile) never become a map.
 """
 
 from __future__ import annotations
 
-from typing import Tuple
+from typing import Optional, Tuple
 
 import torch
 
 __all__ = [
+    "BlockSparsity",
     "map_to_index",
     "index_to_map",
     "invert_indices",
@@ -154,3 +160,52 @@ def physical_layout(block_map: torch.Tensor, kv_block_sizes: torch.Tensor, block
     phys_map = expand_block_map(block_map, block_size // q_tile, block_size // kv_tile)
     phys_sizes = split_block_sizes(kv_block_sizes, block_size // kv_tile, kv_tile)
     return phys_map, phys_sizes
+
+
+class BlockSparsity:
+    """The kv blocks each query block attends to in one call: a bool map ``[B, H, Qb, KVb]``
+    and/or q2k lists (``idx [B, H, Qb, W]`` int32 whose first ``num [B, H, Qb]`` entries are
+    distinct kv ids in ``[0, KVb)``, ascending; entries past ``num`` are never read).
+
+    Made by the ops from what the caller passed (validated there); each form is built from the
+    other at most once (:meth:`block_map`, :meth:`q2k`). Lists built from a map are
+    :func:`map_to_index`'s; a map built from lists is :func:`index_to_map`'s, so both forms
+    describe the same selection and a list-walking kernel sees the same (ascending) order either
+    way: results do not depend on which form arrived.
+    """
+
+    __slots__ = ("_map", "_idx", "_num", "num_kv_blocks", "has_lists")
+
+    def __init__(self, block_map: Optional[torch.Tensor] = None, q2k_idx: Optional[torch.Tensor] = None,
+                 q2k_num: Optional[torch.Tensor] = None, num_kv_blocks: Optional[int] = None):
+        if block_map is None and (q2k_idx is None or q2k_num is None):
+            raise ValueError("BlockSparsity needs block_map or both q2k_idx and q2k_num")
+        if block_map is None and num_kv_blocks is None:
+            raise ValueError("BlockSparsity from lists needs num_kv_blocks")
+        self._map, self._idx, self._num = block_map, q2k_idx, q2k_num
+        self.has_lists = q2k_idx is not None  # what arrived (lists built later do not change it)
+        self.num_kv_blocks = int(block_map.shape[-1]) if block_map is not None else int(num_kv_blocks)
+
+    @classmethod
+    def of(cls, x) -> "BlockSparsity":
+        """``x`` itself when it is one, else a bool map wrapped (backends take either)."""
+        return x if isinstance(x, cls) else cls(block_map=x)
+
+    def block_map(self) -> torch.Tensor:
+        if self._map is None:
+            self._map = index_to_map(self._idx, self._num, self.num_kv_blocks)
+        return self._map
+
+    def q2k(self) -> Tuple[torch.Tensor, torch.Tensor]:
+        """``(idx, num)``, int32 and contiguous."""
+        if self._idx is None:
+            self._idx, self._num = map_to_index(self._map)
+        if self._idx.dtype != torch.int32 or not self._idx.is_contiguous():
+            self._idx = self._idx.to(torch.int32).contiguous()
+        if self._num.dtype != torch.int32 or not self._num.is_contiguous():
+            self._num = self._num.to(torch.int32).contiguous()
+        return self._idx, self._num
+
+    def k2q(self) -> Tuple[torch.Tensor, torch.Tensor]:
+        """The transposed lists (``[B, H, KVb, Qb]``, ``[B, H, KVb]``), ascending."""
+        return map_to_index(self.block_map().transpose(-2, -1))

@@ -1,8 +1,11 @@
 """torch.library custom ops: the one boundary every route sits behind.
 
-The ops take the *logical* block map and sizes; the chosen backend builds whatever metadata it
-needs (q2k/k2q lists for Triton, BlockSparseTensors for FA4) inside the op, so ``torch.compile``
-sees two opaque ops with fake implementations and traces every public API with ``fullgraph=True``.
+The ops take the *logical* selection, as a bool block map or as q2k lists (``q2k_idx`` /
+``q2k_num``, with ``block_map`` None: ``video_sparse_attn``'s top-k and the index-native API
+pass lists), and the sizes; the chosen backend gets a :class:`~fastvideo_cute.metadata.BlockSparsity`
+and builds whatever metadata it needs (cuDNN takes the lists as they are; FA4 its
+BlockSparseTensors from the map) inside the op, so ``torch.compile`` sees two opaque ops with
+fake implementations and traces every public API with ``fullgraph=True``.
 
 The backend is chosen in :func:`block_sparse_attn_op` (eagerly on every call; once, at trace
 time, under ``torch.compile``) and passed to the forward op as its ``route`` argument, which
@@ -17,7 +20,7 @@ backend (tests observe which backend served a call through it).
 from __future__ import annotations
 
 import collections
-from typing import Tuple
+from typing import Optional, Tuple
 
 import torch
 import torch.autograd.forward_ad as fwAD
@@ -25,6 +28,7 @@ from torch import Tensor
 
 from .backends import BACKENDS
 from .call import call_info
+from .metadata import BlockSparsity
 from .routes import ROUTE_SEP, select_route_name
 from .validation import check_sizes_range
 
@@ -46,9 +50,15 @@ def _bhs(q: Tensor, bshd: bool) -> Tuple[int, int, int]:
     return b, h, s
 
 
-def _fwd_impl(q: Tensor, k: Tensor, v: Tensor, block_map: Tensor, kv_block_sizes: Tensor, block_size: int,
+def _sparsity(block_map: Optional[Tensor], q2k_idx: Optional[Tensor], q2k_num: Optional[Tensor],
+              kv_block_sizes: Tensor) -> BlockSparsity:
+    return BlockSparsity(block_map, q2k_idx, q2k_num, num_kv_blocks=kv_block_sizes.shape[0])
+
+
+def _fwd_impl(q: Tensor, k: Tensor, v: Tensor, block_map: Optional[Tensor], kv_block_sizes: Tensor, block_size: int,
          bshd: bool, need_grad: bool, sm_scale: float, need_lse: bool, route: str,
-         range_checked: bool) -> Tuple[Tensor, Tensor]:
+         range_checked: bool, q2k_idx: Optional[Tensor] = None,
+         q2k_num: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
     if not range_checked:  # traced by torch.compile: the API's eager check did not run
         check_sizes_range(kv_block_sizes, block_size)
     if route == _EMPTY_ROUTE:
@@ -56,8 +66,8 @@ def _fwd_impl(q: Tensor, k: Tensor, v: Tensor, block_map: Tensor, kv_block_sizes
         return out, q.new_empty(_bhs(q, bshd), dtype=torch.float32)
     route = route.split(ROUTE_SEP)[0]
     dispatch_counts[(route, "fwd")] += 1
-    return BACKENDS[route].forward(q, k, v, block_map, kv_block_sizes, block_size=block_size, bshd=bshd,
-                                   need_backward=need_grad, sm_scale=sm_scale)
+    return BACKENDS[route].forward(q, k, v, _sparsity(block_map, q2k_idx, q2k_num, kv_block_sizes), kv_block_sizes,
+                                   block_size=block_size, bshd=bshd, need_backward=need_grad, sm_scale=sm_scale)
 
 
 _fwd = torch.library.custom_op("fastvideo_cute::block_sparse_attn_fwd", mutates_args=())(_fwd_impl)
@@ -65,14 +75,14 @@ _fwd = torch.library.custom_op("fastvideo_cute::block_sparse_attn_fwd", mutates_
 
 @_fwd.register_fake
 def _fwd_fake(q, k, v, block_map, kv_block_sizes, block_size, bshd, need_grad, sm_scale, need_lse, route,
-              range_checked):
+              range_checked, q2k_idx=None, q2k_num=None):
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     return out, q.new_empty(_bhs(q, bshd), dtype=torch.float32)
 
 
-def _bwd_impl(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, block_map: Tensor,
-         kv_block_sizes: Tensor, block_size: int, bshd: bool, sm_scale: float, route: str) -> Tuple[Tensor, Tensor,
-                                                                                                 Tensor]:
+def _bwd_impl(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, block_map: Optional[Tensor],
+         kv_block_sizes: Tensor, block_size: int, bshd: bool, sm_scale: float, route: str,
+         q2k_idx: Optional[Tensor] = None, q2k_num: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor]:
     """``route`` is the forward op's route argument (saved by autograd): its backward half runs."""
     route = route.split(ROUTE_SEP)[-1]
     if route == _EMPTY_ROUTE:
@@ -80,31 +90,33 @@ def _bwd_impl(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: T
     if dout.stride(-1) != 1:
         dout = dout.contiguous()
     dispatch_counts[(route, "bwd")] += 1
-    return BACKENDS[route].backward(q, k, v, out, dout, lse, block_map, kv_block_sizes, block_size=block_size,
-                                    bshd=bshd, sm_scale=sm_scale)
+    return BACKENDS[route].backward(q, k, v, out, dout, lse, _sparsity(block_map, q2k_idx, q2k_num, kv_block_sizes),
+                                    kv_block_sizes, block_size=block_size, bshd=bshd, sm_scale=sm_scale)
 
 
 _bwd = torch.library.custom_op("fastvideo_cute::block_sparse_attn_bwd", mutates_args=())(_bwd_impl)
 
 
 @_bwd.register_fake
-def _bwd_fake(dout, q, k, v, out, lse, block_map, kv_block_sizes, block_size, bshd, sm_scale, route):
+def _bwd_fake(dout, q, k, v, out, lse, block_map, kv_block_sizes, block_size, bshd, sm_scale, route, q2k_idx=None,
+              q2k_num=None):
     return tuple(torch.empty_like(x, memory_format=torch.contiguous_format) for x in (q, k, v))
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, block_map, kv_block_sizes, block_size, bshd, need_grad, sm_scale, need_lse, route, _ = inputs
+    q, k, v, block_map, kv_block_sizes, block_size, bshd, need_grad, sm_scale, need_lse, route, _ = inputs[:12]
+    q2k_idx, q2k_num = (tuple(inputs[12:]) + (None, None))[:2]
     out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, block_map, kv_block_sizes)
+    ctx.save_for_backward(q, k, v, out, lse, block_map, kv_block_sizes, q2k_idx, q2k_num)
     ctx.block_size, ctx.bshd, ctx.sm_scale, ctx.route = block_size, bshd, sm_scale, route
 
 
 def _backward(ctx, dout, dlse):
     # lse is a non-differentiable aux output (the public API returns it detached).
-    q, k, v, out, lse, block_map, kv_block_sizes = ctx.saved_tensors
+    q, k, v, out, lse, block_map, kv_block_sizes, q2k_idx, q2k_num = ctx.saved_tensors
     dq, dk, dv = _bwd(dout, q, k, v, out, lse, block_map, kv_block_sizes, ctx.block_size, ctx.bshd, ctx.sm_scale,
-                      ctx.route)
-    return dq, dk, dv, None, None, None, None, None, None, None, None, None
+                      ctx.route, q2k_idx, q2k_num)
+    return (dq, dk, dv) + (None,) * 11
 
 
 torch.library.register_autograd("fastvideo_cute::block_sparse_attn_fwd", _backward, setup_context=_setup_context)
@@ -118,12 +130,15 @@ def _refuse_forward_ad(*tensors: Tensor) -> None:
             "tensors through block_sparse_attn* and video_sparse_attn* are not supported (reverse mode is)")
 
 
-def block_sparse_attn_op(q: Tensor, k: Tensor, v: Tensor, block_map: Tensor, kv_block_sizes: Tensor, *,
-                         block_size: int, bshd: bool, sm_scale: float, need_lse: bool = True) -> Tuple[Tensor, Tensor]:
+def block_sparse_attn_op(q: Tensor, k: Tensor, v: Tensor, block_map: Optional[Tensor], kv_block_sizes: Tensor, *,
+                         block_size: int, bshd: bool, sm_scale: float, need_lse: bool = True,
+                         q2k: Optional[Tuple[Tensor, Tensor]] = None) -> Tuple[Tensor, Tensor]:
     """Run the forward op (autograd-enabled). Inputs must already be validated
     (:mod:`fastvideo_cute.validation`; in eager mode that includes the sizes' range, under
     ``torch.compile`` the op checks it). With ``need_lse=False`` the caller promises to discard the
-    LSE (a backend may then return none)."""
+    LSE (a backend may then return none). ``q2k``: the selection as checked ``(idx, num)`` lists
+    ``[B, H, Qb, W]`` / ``[B, H, Qb]`` (ascending, distinct, in range) instead of ``block_map``
+    (then None)."""
     need_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     compiling = torch.compiler.is_compiling()
     if not compiling:
@@ -133,6 +148,7 @@ def block_sparse_attn_op(q: Tensor, k: Tensor, v: Tensor, block_map: Tensor, kv_
         route = _EMPTY_ROUTE
     else:
         route = select_route_name(call_info(q, k, block_size, need_grad, bshd, need_lse, kv_block_sizes))
+    idx, num = q2k if q2k is not None else (None, None)
     out, lse = _fwd(q, k, v, block_map, kv_block_sizes, block_size, bshd, need_grad, sm_scale, need_lse, route,
-                    not compiling)
+                    not compiling, idx, num)
     return out, lse.detach()

@@ -3,7 +3,8 @@ per-op autograd cannot.
 
 Forward (the ops of :mod:`fastvideo_cute.vsa_ops` and :mod:`fastvideo_cute.ops`, called with
 grad recording off): compression (``vsa_compress``) -> coarse attention + top-k
-(``vsa_select``) -> q2k lists -> bool map -> the block-sparse forward on the chosen route ->
+(``vsa_select``) -> q2k lists, handed to the block-sparse forward on the chosen route as they are
+(no bool map unless that route's kernels take one) ->
 ``out = out_s + gate * out_c`` (``vsa_gate``).
 
 Backward, in this order:
@@ -35,7 +36,6 @@ import torch
 from torch import Tensor
 
 from . import ops, vsa_ops
-from .metadata import index_to_map
 
 __all__ = ["video_sparse_attn_fn"]
 
@@ -70,17 +70,15 @@ class _VideoSparseAttn(torch.autograd.Function):
     def forward(ctx, slots, topk: int, block: int, bshd: bool, sm_scale: float, route: str, range_checked: bool,
                 need_grad: bool, *uniq: Tensor) -> Tensor:
         q, k, v, gate, q_sizes, kv_sizes = (uniq[i] if i >= 0 else None for i in slots)
-        kvb = kv_sizes.shape[0]
         qc, kc, vc = _op("_compress")(q, k, v, q_sizes, kv_sizes, block, bshd, range_checked)
         out_c, out_acc, lse_c, q2k_idx, q2k_num = _op("_select")(qc, kc, vc, kv_sizes, topk, sm_scale, q.dtype,
                                                                   need_grad)
-        block_map = index_to_map(q2k_idx, q2k_num, kvb)
-        out_s, lse_s = _op("_fwd")(q, k, v, block_map, kv_sizes, block, bshd, need_grad, sm_scale, need_grad, route,
-                                range_checked)
+        out_s, lse_s = _op("_fwd")(q, k, v, None, kv_sizes, block, bshd, need_grad, sm_scale, need_grad, route,
+                                   range_checked, q2k_idx, q2k_num)
         out = _op("_gate")(out_s, out_c, gate, block, bshd)
         if need_grad:
             ctx.save_for_backward(*uniq, qc, kc, vc, out_c, out_acc if out_acc.numel() else out_c, lse_c,
-                                  block_map, out_s, lse_s)
+                                  q2k_idx, q2k_num, out_s, lse_s)
         ctx.slots, ctx.n_uniq = slots, len(uniq)
         ctx.block, ctx.bshd, ctx.sm_scale, ctx.route = block, bshd, sm_scale, route
         return out
@@ -88,14 +86,16 @@ class _VideoSparseAttn(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout: Tensor):
         saved = ctx.saved_tensors
-        uniq, (qc, kc, vc, out_c, out_acc, lse_c, block_map, out_s, lse_s) = saved[:ctx.n_uniq], saved[ctx.n_uniq:]
+        uniq, (qc, kc, vc, out_c, out_acc, lse_c, q2k_idx, q2k_num, out_s, lse_s) = (saved[:ctx.n_uniq],
+                                                                                     saved[ctx.n_uniq:])
         q, k, v, gate, q_sizes, kv_sizes = (uniq[i] if i >= 0 else None for i in ctx.slots)
         need = ctx.needs_input_grad[8:]  # per unique tensor
         slot_q, slot_k, slot_v, slot_g = ctx.slots[:4]
         block, bshd, sm_scale = ctx.block, ctx.bshd, ctx.sm_scale
         do = dout if dout.stride(-1) == 1 else dout.contiguous()
         d_gate, d_out_c = _op("_gate_bwd")(do, out_c, gate, block, bshd, bool(gate is not None and need[slot_g]))
-        dq, dk, dv = _op("_bwd")(do, q, k, v, out_s, lse_s, block_map, kv_sizes, block, bshd, sm_scale, ctx.route)
+        dq, dk, dv = _op("_bwd")(do, q, k, v, out_s, lse_s, None, kv_sizes, block, bshd, sm_scale, ctx.route,
+                                 q2k_idx, q2k_num)
         dqc, dkc, dvc = _op("_select_bwd")(d_out_c, qc, kc, vc, kv_sizes, out_acc.to(qc.dtype), lse_c, sm_scale)
         _op("_compress_bwd_accumulate")(dqc, dkc, dvc, q_sizes, kv_sizes, dq, dk, dv, block, bshd)
         grads = [None] * ctx.n_uniq

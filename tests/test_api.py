@@ -358,3 +358,28 @@ def test_vsa_with_one_tensor_as_q_k_v_and_gate_compiles_and_sums_its_gradients()
         (g,) = torch.autograd.grad(out, [leaf], torch.ones_like(out))
         torch.testing.assert_close(out, ref, atol=FP32_TOL, rtol=FP32_TOL)
         torch.testing.assert_close(g, g_ref, atol=10 * FP32_TOL, rtol=10 * FP32_TOL)  # as the other VSA grads
+
+
+def test_vsa_forward_hands_the_top_k_lists_to_the_op_without_a_bool_map(monkeypatch):
+    """The top-k lists go to the sparse forward as lists: on a list-taking route (Triton at its
+    native 64 tile here; cuDNN on a GPU) no bool map is built, and the result equals the
+    map API's on the map of the same selection (vsa_autograd)."""
+    from fastvideo_cute import metadata, vsa_ops
+    from fastvideo_cute.backends import BACKENDS
+    from fastvideo_cute.metadata import BlockSparsity, index_to_map
+
+    monkeypatch.setenv("FASTVIDEO_VSA_TRITON", "1")
+    (q, k, v, gate), sizes, vsa = _vsa_case(False, seed=23)
+    built, seen = [], []
+    monkeypatch.setattr(metadata, "index_to_map", lambda *a: built.append(1) or index_to_map(*a))
+    real = BACKENDS["triton"].forward
+    monkeypatch.setattr(BACKENDS["triton"], "forward", lambda *a, **kw: seen.append(a[3]) or real(*a, **kw))
+    with torch.no_grad():
+        out = vsa(q, k, v, sizes, sizes, 2, 64, compress_attn_weight=gate)
+        assert len(seen) == 1 and isinstance(seen[0], BlockSparsity) and seen[0].has_lists
+        assert not built
+        qc, kc, vc = vsa_ops.vsa_compress(q, k, v, sizes, sizes, 64, False)
+        out_c, idx, num = vsa_ops.vsa_select(qc, kc, vc, sizes, 2, 32 ** -0.5, q.dtype)
+        out_s, _ = fvc.block_sparse_attn(q, k, v, index_to_map(idx, num, 3), sizes)
+        want = vsa_ops.vsa_gate(out_s, out_c, gate, 64, False)
+    assert torch.equal(out, want)

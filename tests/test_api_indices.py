@@ -214,3 +214,72 @@ def test_torch_compile_fullgraph_traces():
     eager = fn(q, k, v, idx, num)
     compiled = torch.compile(fn, fullgraph=True, backend="aot_eager")(q, k, v, idx, num)
     assert torch.equal(compiled, eager)
+
+
+# ------------------------------------------------------------------ lists reach the op as lists
+
+
+def _spy_backend(monkeypatch):
+    """Record the BlockSparsity each backend call receives (the real backend still runs)."""
+    from fastvideo_cute.backends import BACKENDS
+
+    seen = []
+    for name, be in BACKENDS.items():
+        for direction in ("forward", "backward"):
+            real = getattr(be, direction)
+
+            def spy(*args, _real=real, _dir=direction, **kw):
+                seen.append((_dir, args[3] if _dir == "forward" else args[6]))
+                return _real(*args, **kw)
+
+            monkeypatch.setattr(be, direction, spy)
+    return seen
+
+
+def test_checked_lists_reach_the_backend_as_ascending_lists(monkeypatch):
+    from fastvideo_cute.metadata import BlockSparsity
+
+    qb, kvb = 2, 4
+    g = torch.Generator().manual_seed(3)
+    block_map = torch.rand(1, 2, qb, kvb, generator=g) < 0.5
+    block_map[..., 1] = True
+    idx, num = _shuffled_lists(block_map)
+    q, k, v = _qkv(1, 2, qb * 64, kvb * 64, 32, False)
+    sizes = torch.tensor([64, 64, 17, 40], dtype=torch.int32, device=DEV)
+    seen = _spy_backend(monkeypatch)
+    out, _ = ai.block_sparse_attn_from_indices(q, k, v, idx.to(DEV), num.to(DEV), sizes)
+    out.sum().backward()
+    assert [d for d, _ in seen] == ["forward", "backward"]
+    for _, sp in seen:
+        assert isinstance(sp, BlockSparsity) and sp.has_lists
+        got_idx, got_num = sp.q2k()
+        want_idx, want_num = map_to_index(block_map.to(DEV))
+        assert torch.equal(got_num, want_num)
+        for r_got, r_want, n in zip(got_idx.reshape(-1, got_idx.shape[-1]), want_idx.reshape(-1, kvb),
+                                    want_num.reshape(-1).tolist()):
+            assert torch.equal(r_got[:n], r_want[:n])  # ascending, the map API's order
+        assert torch.equal(sp.block_map(), block_map.to(DEV))
+
+
+def test_lists_take_the_map_path_while_values_cannot_be_read(monkeypatch):
+    qb, kvb = 1, 2
+    q, k, v = _qkv(1, 1, qb * 64, kvb * 64, 32, False)
+    sizes = torch.full((kvb,), 64, dtype=torch.int32, device=DEV)
+    idx = torch.tensor([[[1, 0]]], device=DEV)
+    num = torch.tensor([[1]], device=DEV)
+    monkeypatch.setattr(ai, "values_unreadable", lambda tensors: True)
+    seen = _spy_backend(monkeypatch)
+    with torch.no_grad():
+        ai.block_sparse_attn_from_indices(q, k, v, idx, num, sizes)
+    (_, sp), = seen
+    assert not sp.has_lists and sp.block_map().tolist() == [[[[False, True]]]]
+
+
+def test_ascending_lists_sorts_used_entries_and_fills_with_a_valid_id():
+    idx = torch.tensor([[[2, 0, -1, 7], [3, 1, 0, 2]]])
+    num = torch.tensor([[2, 4]])
+    got_idx, got_num = ai.ascending_lists(idx, num, kv_blocks=4, batch=3)
+    assert got_idx.dtype == got_num.dtype == torch.int32 and got_idx.is_contiguous()
+    assert got_idx.shape == (3, 1, 2, 4) and got_num.shape == (3, 1, 2)
+    assert got_idx[0].tolist() == [[[0, 2, 0, 0], [0, 1, 2, 3]]]
+    assert got_num[2].tolist() == [[2, 4]]

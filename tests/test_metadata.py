@@ -92,3 +92,33 @@ def test_map_to_index_of_a_transposed_map_is_contiguous():
     assert idx.is_contiguous() and num.is_contiguous()
     expect = torch.sort((~m.transpose(-1, -2)).to(torch.uint8), dim=-1, stable=True).indices.to(torch.int32)
     assert torch.equal(idx, expect)
+
+
+def test_block_sparsity_builds_each_form_once_and_consistently(monkeypatch):
+    from fastvideo_cute import metadata
+    from fastvideo_cute.metadata import BlockSparsity
+
+    g = torch.Generator().manual_seed(0)
+    block_map = torch.rand(2, 3, 4, 5, generator=g) < 0.4
+    idx, num = map_to_index(block_map)
+    from_lists = BlockSparsity(None, idx[..., :3].clone(), num.clamp(max=3), num_kv_blocks=5)
+    want = torch.zeros_like(block_map)
+    for b, h, i in torch.cartesian_prod(torch.arange(2), torch.arange(3), torch.arange(4)).tolist():
+        for j in idx[b, h, i, :min(int(num[b, h, i]), 3)].tolist():
+            want[b, h, i, j] = True
+    calls = []
+    real = metadata.index_to_map
+    monkeypatch.setattr(metadata, "index_to_map", lambda *a: calls.append(1) or real(*a))
+    assert torch.equal(from_lists.block_map(), want)
+    assert torch.equal(from_lists.block_map(), want) and len(calls) == 1  # built once
+    from_map = BlockSparsity.of(block_map)
+    assert BlockSparsity.of(from_map) is from_map and not from_map.has_lists
+    got_idx, got_num = from_map.q2k()
+    assert got_idx.dtype == torch.int32 and torch.equal(got_idx, idx) and torch.equal(got_num, num)
+    k_idx, k_num = from_map.k2q()
+    assert torch.equal(k_num, block_map.sum(-2, dtype=torch.int32))
+    assert torch.equal(k_idx, map_to_index(block_map.transpose(-2, -1))[0])
+    with pytest.raises(ValueError, match="needs block_map or both"):
+        BlockSparsity(None, idx, None, num_kv_blocks=5)
+    with pytest.raises(ValueError, match="num_kv_blocks"):
+        BlockSparsity(None, idx, num)

@@ -8,19 +8,22 @@ A backend is an object with:
   capability (the router only picks a backend automatically where it is verified; an unverified
   one serves only when named);
 - ``support(call) -> (ok, reason)``: static facts only (never reads tensor values, never syncs);
-- ``forward(q, k, v, block_map, kv_block_sizes, *, block_size, bshd, need_backward, sm_scale)
+- ``forward(q, k, v, sparsity, kv_block_sizes, *, block_size, bshd, need_backward, sm_scale)
   -> (out, lse)``: ``out`` shaped and strided as ``torch.empty_like(q,
   memory_format=torch.contiguous_format)``, ``lse`` fp32 ``[B, H, S_q]`` natural log (``-inf`` for
   rows without a valid key), or anything when the caller discards it (``need_lse=False``);
-- ``backward(q, k, v, out, dout, lse, block_map, kv_block_sizes, *, block_size, bshd, sm_scale)
+- ``backward(q, k, v, out, dout, lse, sparsity, kv_block_sizes, *, block_size, bshd, sm_scale)
   -> (dq, dk, dv)``, each shaped and strided like ``empty_like(x, contiguous_format)``;
+- ``sparsity``: a :class:`~fastvideo_cute.metadata.BlockSparsity` (or a bool map, which a backend
+  wraps with ``BlockSparsity.of``): the backend asks it for the form its kernels take (q2k lists
+  or the map), so lists that reached the op are not turned into a map and back;
 - ``compile_keys(call) -> {direction: CompileKey}``: the static facts each direction of the call
   compiles one kernel variant on (the warm-up's plan), for ``"fwd"`` and, with ``need_grad``,
   ``"bwd"``.
 
 Inputs reach a backend validated (``fastvideo_cute.validation``): q/k/v share dtype, device and
-head_dim, lengths are multiples of the block, the map is bool ``[B, H, Qb, KVb]`` and the sizes
-int32 ``[KVb]`` within ``[0, block]``.
+head_dim, lengths are multiples of the block, the map is bool ``[B, H, Qb, KVb]`` (lists:
+ascending, distinct, in range) and the sizes int32 ``[KVb]`` within ``[0, block]``.
 """
 
 from __future__ import annotations
@@ -90,10 +93,10 @@ class Backend(Protocol):
 
     def support(self, call: CallInfo) -> Verdict: ...
 
-    def forward(self, q, k, v, block_map, kv_block_sizes, *, block_size: int, bshd: bool, need_backward: bool,
+    def forward(self, q, k, v, sparsity, kv_block_sizes, *, block_size: int, bshd: bool, need_backward: bool,
                 sm_scale: float): ...
 
-    def backward(self, q, k, v, out, dout, lse, block_map, kv_block_sizes, *, block_size: int, bshd: bool,
+    def backward(self, q, k, v, out, dout, lse, sparsity, kv_block_sizes, *, block_size: int, bshd: bool,
                  sm_scale: float): ...
 
     def compile_keys(self, call: CallInfo) -> Dict[str, CompileKey]: ...

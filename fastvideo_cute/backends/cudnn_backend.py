@@ -1,8 +1,9 @@
 """NVIDIA cuDNN-frontend block-sparse attention (``cudnn.block_sparse_attention``, CuTe-DSL
 kernels) as a backend, through :mod:`fastvideo_cute.adapters.cudnn_bsa`.
 
-The logical map becomes q2k lists (``map_to_index``: one fused launch on a GPU), which cuDNN
-takes as they are; 256-token blocks run as 128-token tiles. Padding keys/values are made
+cuDNN takes q2k lists as they are: lists that reached the op (``video_sparse_attn``'s top-k, the
+index-native API) go straight in; a bool map becomes lists first (``map_to_index``: one fused
+launch on a GPU); 256-token blocks run as 128-token tiles. Padding keys/values are made
 harmless by one fused copy with the padding zeroed, only when some kv block is partial (V alone
 for an inference forward, K and V when a backward follows; the backward copies again rather
 than keeping two more K/V-sized tensors alive between the passes). Installed with
@@ -18,7 +19,7 @@ from typing import Dict
 
 from ..adapters.cudnn_bsa_support import cudnn_support
 from ..call import CallInfo
-from ..metadata import map_to_index
+from ..metadata import BlockSparsity
 from ..validation import has_partial_blocks
 from .base import CompileKey, Verdict, basic_key, module_installed, stack_problems
 
@@ -60,22 +61,22 @@ class CudnnBackend:
         directions = ("fwd", "bwd") if call.need_grad else ("fwd",)
         return {d: basic_key(self.name, call, d, call.block_size, detail) for d in directions}
 
-    def forward(self, q, k, v, block_map, kv_block_sizes, *, block_size: int, bshd: bool, need_backward: bool,
+    def forward(self, q, k, v, sparsity, kv_block_sizes, *, block_size: int, bshd: bool, need_backward: bool,
                 sm_scale: float):
         from ..adapters.cudnn_bsa import cudnn_block_sparse_fwd
 
-        q2k_idx, q2k_num = map_to_index(block_map)
+        q2k_idx, q2k_num = BlockSparsity.of(sparsity).q2k()
         out, lse, _ = cudnn_block_sparse_fwd(q, k, v, q2k_idx, q2k_num, kv_block_sizes, block_size=block_size,
                                              bshd=bshd, softmax_scale=sm_scale,
                                              all_full=not has_partial_blocks(kv_block_sizes, block_size),
                                              need_backward=False)
         return out, lse
 
-    def backward(self, q, k, v, out, dout, lse, block_map, kv_block_sizes, *, block_size: int, bshd: bool,
+    def backward(self, q, k, v, out, dout, lse, sparsity, kv_block_sizes, *, block_size: int, bshd: bool,
                  sm_scale: float):
         from ..adapters.cudnn_bsa import cudnn_block_sparse_bwd
 
-        q2k_idx, q2k_num = map_to_index(block_map)
+        q2k_idx, q2k_num = BlockSparsity.of(sparsity).q2k()
         return cudnn_block_sparse_bwd(dout, q, k, v, out, lse, q2k_idx, q2k_num, kv_block_sizes,
                                       block_size=block_size, bshd=bshd, softmax_scale=sm_scale,
                                       all_full=not has_partial_blocks(kv_block_sizes, block_size))

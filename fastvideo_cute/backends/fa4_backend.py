@@ -15,6 +15,7 @@ from ..adapters.fa4 import (build_bwd_metadata, build_fwd_metadata, fa4_arch, fa
                             fa4_version_problems, sm90_bwd_tile_m, zeroed_kv_padding)
 from ..adapters.fa4_plan import FA4_HEAD_DIMS
 from ..call import CallInfo
+from ..metadata import BlockSparsity
 from ..validation import has_partial_blocks
 from .base import CompileKey, Verdict, basic_key, module_installed, stack_problems
 
@@ -63,14 +64,14 @@ class FA4Backend:
             keys[direction] = basic_key(self.name, call, direction, call.block_size, detail)
         return keys
 
-    def forward(self, q, k, v, block_map, kv_block_sizes, *, block_size: int, bshd: bool, need_backward: bool,
+    def forward(self, q, k, v, sparsity, kv_block_sizes, *, block_size: int, bshd: bool, need_backward: bool,
                 sm_scale: float):
         # Padded keys may hold anything (the contract says it never leaks); FA4 reads partial tiles
         # whole, so V's are zeroed out of place when any tile is partial (known from the cached
         # range check). All-full blocks skip the partial lists and the padding pass.
         del need_backward  # support() already checked the backward is servable
         partial = has_partial_blocks(kv_block_sizes, block_size)
-        meta = build_fwd_metadata(block_map, kv_block_sizes, fa4_fwd_plan(fa4_arch(), block_size), not partial)
+        meta = build_fwd_metadata(BlockSparsity.of(sparsity).block_map(), kv_block_sizes, fa4_fwd_plan(fa4_arch(), block_size), not partial)
         qs, ks, vs = (_bshd_view(x, bshd) for x in (q, k, v))
         if partial:  # V alone: K's padding cannot leak in the forward (scores masked by select)
             _, vs = zeroed_kv_padding(None, vs, meta)
@@ -78,10 +79,10 @@ class FA4Backend:
         out = out if bshd else out.transpose(1, 2)
         return out.contiguous(), lse
 
-    def backward(self, q, k, v, out, dout, lse, block_map, kv_block_sizes, *, block_size: int, bshd: bool,
+    def backward(self, q, k, v, out, dout, lse, sparsity, kv_block_sizes, *, block_size: int, bshd: bool,
                  sm_scale: float):
         partial = has_partial_blocks(kv_block_sizes, block_size)
-        meta = build_bwd_metadata(block_map, kv_block_sizes, fa4_bwd_plan(fa4_arch(), block_size), not partial)
+        meta = build_bwd_metadata(BlockSparsity.of(sparsity).block_map(), kv_block_sizes, fa4_bwd_plan(fa4_arch(), block_size), not partial)
         qs, ks, vs, os_, dos = (_bshd_view(x, bshd) for x in (q, k, v, out, dout))
         if partial:
             ks, vs = zeroed_kv_padding(ks, vs, meta)

@@ -17,7 +17,7 @@ from typing import Dict
 import torch
 
 from ..call import CallInfo
-from ..metadata import map_to_index
+from ..metadata import BlockSparsity
 from .base import CompileKey, Verdict, basic_key, module_installed
 
 __all__ = ["Sm100Backend"]
@@ -69,24 +69,24 @@ class Sm100Backend:
         directions = ("fwd", "bwd") if call.need_grad else ("fwd",)
         return {d: basic_key(self.name, call, d, _BLOCK, (("tile", "64x64"),)) for d in directions}
 
-    def forward(self, q, k, v, block_map, kv_block_sizes, *, block_size: int, bshd: bool, need_backward: bool,
+    def forward(self, q, k, v, sparsity, kv_block_sizes, *, block_size: int, bshd: bool, need_backward: bool,
                 sm_scale: float):
         from ..adapters.cute_sm100_fwd import sm100_block_sparse_fwd64
 
         if abs(sm_scale - q.shape[-1] ** -0.5) > 1e-12:
             raise RuntimeError("sm100 backend: the kernels use softmax scale head_dim ** -0.5")
-        q2k_idx, q2k_num = map_to_index(block_map)
+        q2k_idx, q2k_num = BlockSparsity.of(sparsity).q2k()
         out, lse = sm100_block_sparse_fwd64(_bhsd(q, bshd), _bhsd(k, bshd), _bhsd(v, bshd), q2k_idx, q2k_num,
                                             kv_block_sizes)
         if bshd:
             out = out.transpose(1, 2).contiguous()
         return out, lse
 
-    def backward(self, q, k, v, out, dout, lse, block_map, kv_block_sizes, *, block_size: int, bshd: bool,
+    def backward(self, q, k, v, out, dout, lse, sparsity, kv_block_sizes, *, block_size: int, bshd: bool,
                  sm_scale: float):
         from ..adapters.cute_sm100_bwd import sm100_block_sparse_bwd64
 
-        k2q_idx, k2q_num = map_to_index(block_map.transpose(-2, -1))
+        k2q_idx, k2q_num = BlockSparsity.of(sparsity).k2q()
         # Naming this backend (FASTVIDEO_VSA_BACKEND=sm100) is the explicit opt-in; the adapter warns.
         grads = sm100_block_sparse_bwd64(_bhsd(q, bshd), _bhsd(k, bshd), _bhsd(v, bshd), _bhsd(out, bshd),
                                          _bhsd(dout, bshd), lse.contiguous(), k2q_idx, k2q_num, kv_block_sizes,

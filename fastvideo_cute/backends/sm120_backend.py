@@ -19,7 +19,7 @@ from typing import Dict
 import torch
 
 from ..call import CallInfo
-from ..metadata import map_to_index, physical_layout
+from ..metadata import BlockSparsity, map_to_index, physical_layout
 from .base import CompileKey, Verdict, basic_key, module_installed
 
 __all__ = ["Sm120Backend"]
@@ -74,7 +74,7 @@ class Sm120Backend:
         # 256-token blocks run as 2x2 128-token tiles: one compiled kernel for both block sizes.
         return {"fwd": basic_key(self.name, call, "fwd", _TILE, detail)}
 
-    def forward(self, q, k, v, block_map, kv_block_sizes, *, block_size: int, bshd: bool, need_backward: bool,
+    def forward(self, q, k, v, sparsity, kv_block_sizes, *, block_size: int, bshd: bool, need_backward: bool,
                 sm_scale: float):
         from ..adapters.cute_sm120 import sm120_block_sparse_fwd
 
@@ -82,7 +82,7 @@ class Sm120Backend:
             raise RuntimeError("sm120 backend: inference only")
         if abs(sm_scale - q.shape[-1] ** -0.5) > 1e-12:
             raise RuntimeError("sm120 backend: the kernel uses softmax scale head_dim ** -0.5")
-        phys_map, phys_sizes = physical_layout(block_map, kv_block_sizes, block_size, _TILE, _TILE)
+        phys_map, phys_sizes = physical_layout(BlockSparsity.of(sparsity).block_map(), kv_block_sizes, block_size, _TILE, _TILE)
         q2k_idx, q2k_num = map_to_index(phys_map)
         qb, kb, vb = ((x.transpose(1, 2) if bshd else x).contiguous() for x in (q, k, v))
         out = sm120_block_sparse_fwd(qb, kb, vb, q2k_idx, q2k_num, phys_sizes)

@@ -15,7 +15,7 @@ from typing import Dict, Optional
 import torch
 
 from ..call import CallInfo
-from ..metadata import map_to_index, physical_layout
+from ..metadata import BlockSparsity, map_to_index, physical_layout, split_block_sizes
 from ._triton_keys import triton_detail
 from .base import CompileKey, Verdict, basic_key, module_installed
 
@@ -87,14 +87,19 @@ class TritonBackend:
         tiles = PHYSICAL_TILES[call.block_size]
         return {d: basic_key(self.name, call, d, call.block_size, triton_detail(call, d, *tiles)) for d in directions}
 
-    def forward(self, q, k, v, block_map, kv_block_sizes, *, block_size: int, bshd: bool, need_backward: bool,
+    def forward(self, q, k, v, sparsity, kv_block_sizes, *, block_size: int, bshd: bool, need_backward: bool,
                 sm_scale: float, config: Optional[dict] = None):
         from ..kernels.triton.block_sparse_fwd import block_sparse_attn_fwd
 
         del need_backward  # the Triton forward saves nothing extra for its backward
         q_tile, kv_tile = PHYSICAL_TILES[block_size]
-        phys_map, phys_sizes = physical_layout(block_map, kv_block_sizes, block_size, q_tile, kv_tile)
-        q2k_idx, q2k_num = map_to_index(phys_map)
+        sp = BlockSparsity.of(sparsity)
+        if q_tile == kv_tile == block_size:  # physical = logical: the lists as they are (ascending)
+            q2k_idx, q2k_num = sp.q2k()
+            phys_sizes = split_block_sizes(kv_block_sizes, 1, kv_tile)
+        else:
+            phys_map, phys_sizes = physical_layout(sp.block_map(), kv_block_sizes, block_size, q_tile, kv_tile)
+            q2k_idx, q2k_num = map_to_index(phys_map)
         out = torch.empty_like(q, memory_format=torch.contiguous_format)
         qb = _bhsd(q, bshd)
         lse = torch.empty(qb.shape[:3], dtype=torch.float32, device=q.device)
@@ -104,12 +109,13 @@ class TritonBackend:
                                   config=config)
         return out, lse
 
-    def backward(self, q, k, v, out, dout, lse, block_map, kv_block_sizes, *, block_size: int, bshd: bool,
+    def backward(self, q, k, v, out, dout, lse, sparsity, kv_block_sizes, *, block_size: int, bshd: bool,
                  sm_scale: float, config: Optional[dict] = None):
         from ..kernels.triton.block_sparse_bwd import block_sparse_attn_bwd
 
         q_tile, kv_tile = PHYSICAL_TILES[block_size]
-        phys_map, phys_sizes = physical_layout(block_map, kv_block_sizes, block_size, q_tile, kv_tile)
+        phys_map, phys_sizes = physical_layout(BlockSparsity.of(sparsity).block_map(), kv_block_sizes, block_size,
+                                               q_tile, kv_tile)
         q2k_idx, q2k_num = map_to_index(phys_map)
         k2q_idx, k2q_num = map_to_index(phys_map.transpose(-2, -1))
         dq = torch.empty_like(q, memory_format=torch.contiguous_format)
