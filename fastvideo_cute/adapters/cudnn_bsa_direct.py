@@ -63,6 +63,7 @@ __all__ = [
     "DirectFacts",
     "direct_enabled",
     "direct_problems",
+    "call_facts",
     "direct_fwd_problems",
     "direct_kernel",
     "cudnn_fwd_direct",
@@ -189,17 +190,13 @@ def _capability(device_index: int) -> Tuple[int, int]:
     return tuple(torch.cuda.get_device_capability(device_index))
 
 
-def direct_fwd_problems(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, bshd: bool, sparse_block: int,
-                        kv_splits: int = 1) -> Optional[str]:
-    """None when :func:`cudnn_fwd_direct` serves this forward (the adapter's tensors, already
-    checked by it: 4-D, one dtype and device, k and v of one shape), else a one-line reason.
-    Reads tensor metadata only (no GPU sync)."""
-    if not direct_enabled():
-        return f"switched off ({DIRECT_ENV}={env_str(DIRECT_ENV)})"
-    dev = q.get_device()
+def call_facts(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, bshd: bool, sparse_block: int,
+               kv_splits: int = 1, capability: Optional[Tuple[int, int]] = None) -> DirectFacts:
+    """The :class:`DirectFacts` of one call's tensors (metadata only: no GPU sync);
+    ``capability``: the device's (None: not a CUDA tensor)."""
     sq, h = (q.shape[1], q.shape[2]) if bshd else (q.shape[2], q.shape[1])
-    facts = DirectFacts(
-        capability=_capability(dev) if dev >= 0 else None,
+    return DirectFacts(
+        capability=capability,
         cudnn_version=_cudnn_version(),
         dtype=q.dtype,
         head_dim=q.shape[3],
@@ -210,10 +207,21 @@ def direct_fwd_problems(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, bs
         sparse_block=sparse_block,
         kv_splits=kv_splits,
         empty=q.numel() == 0 or k.numel() == 0,
-        layouts=[(name, t.data_ptr(), t.element_size(), t.shape, t.stride())
+        layouts=[(name, t.data_ptr(), t.element_size(), tuple(t.shape), t.stride())
                  for name, t in (("q", q), ("k", k), ("v", v))],
     )
-    return direct_problems(facts)
+
+
+def direct_fwd_problems(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, bshd: bool, sparse_block: int,
+                        kv_splits: int = 1) -> Optional[str]:
+    """None when :func:`cudnn_fwd_direct` serves this forward, else a one-line reason. The tensors
+    are the adapter's, already checked by it (4-D, one dtype and device, unit last stride, k and v
+    of one shape); ``sparse_block``: the metadata's physical tile. No GPU sync."""
+    if not direct_enabled():
+        return f"switched off ({DIRECT_ENV}={env_str(DIRECT_ENV)})"
+    dev = q.get_device()
+    return direct_problems(call_facts(q, k, v, bshd=bshd, sparse_block=sparse_block, kv_splits=kv_splits,
+                                      capability=_capability(dev) if dev >= 0 else None))
 
 
 # ==============================================================================================
