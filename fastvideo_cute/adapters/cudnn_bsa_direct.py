@@ -136,7 +136,8 @@ class DirectFacts(NamedTuple):
     sparse_block: int
     kv_splits: int
     empty: bool                            # some tensor has no element
-    layouts: Sequence[Tuple[str, int, int, Tuple[int, ...], Tuple[int, ...]]]  # (name, data_ptr, itemsize, shape, stride)
+    # q, k, v: (name, data_ptr, itemsize, shape, stride)
+    layouts: Sequence[Tuple[str, int, int, Tuple[int, ...], Tuple[int, ...]]]
 
 
 def _misaligned(name: str, ptr: int, itemsize: int, shape, stride) -> Optional[str]:

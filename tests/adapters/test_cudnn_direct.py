@@ -275,7 +275,8 @@ def test_direct_kernel_compiles_for_sm90a_as_cudnns_own(tmp_path):
             which, how = _VS_WRAPPER[name]
             theirs = _sass(nvdisasm, Path(res["wrapper"][which]).read_bytes(), tmp_path, f"wrapper-{which}")
             if how == "sass":
-                assert sass == theirs, f"{name}: SASS differs from cuDNN's wrapper kernel ({len(sass)} vs {len(theirs)})"
+                assert sass == theirs, \
+                    f"{name}: SASS differs from cuDNN's wrapper kernel ({len(sass)} vs {len(theirs)} instructions)"
             else:
                 mine, ref = _fp_counts(sass), _fp_counts(theirs)
                 assert mine == ref, f"{name}: fp/MMA/TMA opcode counts differ: {mine - ref} / {ref - mine}"
