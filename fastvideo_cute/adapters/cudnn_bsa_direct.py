@@ -110,9 +110,20 @@ def direct_kernel(dtype: torch.dtype, head_dim: int, value_dim: int, has_block_s
 _COMPILED: Dict[tuple, Any] = {}
 
 
+def _entry(compiled):
+    """The positional ``tvm_ffi.Function`` under a freshly compiled object (which wraps it in a
+    Python keyword-argument layer, one more frame per call); an object loaded from the disk cache
+    already is one. The raw function keeps the compiled code alive."""
+    raw = getattr(compiled, "__tvm_ffi_object__", None)
+    execution_args = getattr(compiled, "execution_args", None)
+    if raw is None or getattr(execution_args, "has_pointer_address_arg_specs", True):
+        return compiled
+    return raw() or compiled
+
+
 def _compile(key: tuple):
-    """Compile (or load from the jit caches) the variant of ``key`` and keep it in ``_COMPILED``."""
-    fn = compile_kernel(direct_kernel(*key), ARCH)[0]
+    """Compile (or load from the jit caches) the variant of ``key`` and keep its entry in ``_COMPILED``."""
+    fn = _entry(compile_kernel(direct_kernel(*key), ARCH)[0])
     _COMPILED[key] = fn
     return fn
 

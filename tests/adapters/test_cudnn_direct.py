@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import os
 import re
 import subprocess
@@ -142,6 +143,69 @@ def test_env_switch(monkeypatch):
     monkeypatch.setenv(D.DIRECT_ENV, "sometimes")
     with pytest.raises(EnvError, match=D.DIRECT_ENV):
         D.direct_fwd_problems(q, q, q, bshd=True, sparse_block=64)
+
+
+# =============================================================================================
+# The host path's tensors (a recorder stands in for the compiled entry: no DSL, no GPU)
+# =============================================================================================
+
+
+def _cudnn_views(q, k, v, out, lse, idx, num, bshd):
+    """What cuDNN's wrapper hands its kernel (bsa_attn_fwd: BSHD -> ``transpose(1, 2)``;
+    _bsa_attn_fwd_sm90_blk64: the permutes), re-derived here independently of the module."""
+    if bshd:
+        q, k, v, out = (t.transpose(1, 2) for t in (q, k, v, out))
+    return (q.permute(2, 3, 1, 0), k.permute(2, 3, 1, 0), v.permute(3, 2, 1, 0), out.permute(2, 3, 1, 0),
+            lse.permute(2, 1, 0), idx.permute(3, 2, 1, 0), num.permute(2, 1, 0))
+
+
+@pytest.mark.parametrize("bshd", [True, False])
+@pytest.mark.parametrize("with_sizes", [True, False])
+def test_host_path_hands_the_kernel_cudnns_views(monkeypatch, bshd, with_sizes):
+    b, h, sq, skv, d = 2, 3, 192, 320, 64
+    q = torch.randn((b, sq, h, d) if bshd else (b, h, sq, d), dtype=torch.float16)
+    k, v = (torch.randn((b, skv, h, d) if bshd else (b, h, skv, d), dtype=torch.float16) for _ in range(2))
+    idx = torch.zeros(b, h, sq // 64, skv // 64, dtype=torch.int32)
+    num = torch.ones(b, h, sq // 64, dtype=torch.int32)
+    sizes = torch.full((skv // 64,), 64, dtype=torch.int32) if with_sizes else None
+    calls = []
+    key = (torch.float16, d, d, with_sizes, True)
+    monkeypatch.setitem(D._COMPILED, key, lambda *args: calls.append(args))
+    out, lse = D.cudnn_fwd_direct(q, k, v, idx, num, sizes, bshd=bshd, softmax_scale=None, allow_empty=True)
+    (args,) = calls
+    # the outputs as cuDNN's wrapper allocates them: out contiguous in the call layout, lse [B, H, S_q]
+    assert out.shape == q.shape and out.is_contiguous() and out.dtype == q.dtype
+    assert lse.shape == (b, h, sq) and lse.is_contiguous() and lse.dtype == torch.float32
+    want = _cudnn_views(q, k, v, out, lse, idx, num, bshd)
+    for i, (got, ref) in enumerate(zip(args[:7], want)):
+        assert (got.shape, got.stride(), got.data_ptr()) == (ref.shape, ref.stride(), ref.data_ptr()), f"argument {i}"
+    assert args[7] is sizes  # rank 1, as given (the entry broadcasts it)
+    assert args[8] == 1.0 / math.sqrt(d)  # bsa_attn_fwd's default, to the bit
+    assert len(args) == 9
+    D.cudnn_fwd_direct(q, k, v, idx, num, sizes, bshd=bshd, softmax_scale=0.3, allow_empty=True)
+    assert calls[-1][8] == 0.3
+
+
+@needs_cudnn
+@pytest.mark.parametrize("with_sizes", [True, False])
+def test_fake_arguments_match_the_host_views(with_sizes):
+    """The compiled entry's layouts (fake arguments) have the host views' unit-stride mode,
+    rank and dtype, and no sizes slot when there are no block sizes."""
+    import cutlass
+
+    kernel = D.direct_kernel(torch.bfloat16, 128, 128, with_sizes, True)
+    fake = kernel.fake_args()
+    assert len(fake) == 10  # 7 tensors, the sizes slot, the scale, the stream
+    unit_modes = [1, 1, 0, 1, 0, 0, 0]  # cuDNN's leading_dims for q, k, v, out, lse, idx, nums
+    dtypes = [cutlass.BFloat16] * 4 + [cutlass.Float32, cutlass.Int32, cutlass.Int32]
+    for i, (t, unit, dt) in enumerate(zip(fake[:7], unit_modes, dtypes)):
+        assert t.element_type == dt, f"argument {i}"
+        assert [j for j, st in enumerate(t.stride) if isinstance(st, int) and st == 1] == [unit], f"argument {i}"
+    assert len(fake[0].shape) == 4 and len(fake[4].shape) == 3 and len(fake[5].shape) == 4 and len(fake[6].shape) == 3
+    if with_sizes:
+        assert fake[7].element_type == cutlass.Int32 and len(fake[7].shape) == 1 and fake[7].stride == (1,)
+    else:
+        assert fake[7] is None
 
 
 # =============================================================================================
