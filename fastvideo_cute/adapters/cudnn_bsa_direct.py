@@ -12,7 +12,7 @@ and calls it with torch tensors.
 Dataflow of :func:`cudnn_fwd_direct` (the hot path):
 
 1. one dict lookup: the compiled function of ``(dtype, head_dim, value_dim, has_block_sizes,
-   allow_empty)`` (compiled on first use by :class:`CudnnFwdSm90Blk64`);
+   allow_empty)`` (compiled on first use: :class:`.cudnn_bsa_direct_kernel.CudnnFwdSm90Blk64`);
 2. ``out`` allocated contiguous in the call layout and ``lse`` fp32 ``[B, H, S_q]`` (what cuDNN's
    wrapper allocates);
 3. the permuted views cuDNN's kernel reads: q / k / out ``(S, D, H, B)``, v ``(D, S, H, B)``,

@@ -145,6 +145,15 @@ def test_env_switch(monkeypatch):
         D.direct_fwd_problems(q, q, q, bshd=True, sparse_block=64)
 
 
+def test_importing_the_host_path_imports_neither_cudnn_nor_the_dsl():
+    code = ("import sys; import fastvideo_cute.adapters.cudnn_bsa_direct; "
+            "print(sorted(m for m in sys.modules if m == 'cudnn' or m.startswith(('cudnn.', 'cutlass', 'triton', "
+            "'tvm_ffi', 'fastvideo_cute.adapters.cudnn_bsa_direct_kernel'))))")
+    env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
+
+
 # =============================================================================================
 # The host path's tensors (a recorder stands in for the compiled entry: no DSL, no GPU)
 # =============================================================================================
