@@ -54,6 +54,7 @@ from typing import NamedTuple, Optional, Tuple
 
 import torch
 
+from .cudnn_bsa_direct import cudnn_fwd_direct, direct_fwd_problems
 from .cudnn_bsa_metadata import CudnnBlockSparseMeta, build_cudnn_metadata, cudnn_lse_to_contract
 from .cudnn_bsa_support import CUDNN_PHYSICAL_TILE, cudnn_support
 from ..validation import smallest_block
@@ -270,7 +271,12 @@ def _layout(bshd: bool) -> str:
 def cudnn_fwd_prebuilt(q, k, v, meta: CudnnBlockSparseMeta, *, bshd: bool, softmax_scale: Optional[float],
                        allow_empty: bool = True):
     """cuDNN forward with metadata from :func:`build_cudnn_metadata` (the kernel only, no padding
-    handling): ``(out, lse)``, out in the call layout, lse natural-log fp32 ``[B, H, S_q]``."""
+    handling): ``(out, lse)``, out in the call layout, lse natural-log fp32 ``[B, H, S_q]``.
+    On SM90 at 64-token tiles the same kernel is called directly through TVM-FFI
+    (:mod:`.cudnn_bsa_direct`: no per-call wrapper work); elsewhere through cuDNN's wrapper."""
+    if direct_fwd_problems(q, k, v, bshd=bshd, sparse_block=meta.sparse_block) is None:
+        return cudnn_fwd_direct(q, k, v, meta.q2k_block_index, meta.q2k_block_nums, meta.block_sizes,
+                                bshd=bshd, softmax_scale=softmax_scale, allow_empty=allow_empty)
     cd = load_cudnn()
     res = cd.fwd(q, k, v, meta.q2k_block_index, None, meta.block_sizes, meta.q2k_block_nums,
                  sparse_block_size=meta.sparse_block, allow_empty_block_nums=allow_empty,
@@ -279,13 +285,16 @@ def cudnn_fwd_prebuilt(q, k, v, meta: CudnnBlockSparseMeta, *, bshd: bool, softm
 
 
 def cudnn_bwd_prebuilt(dout, q, k, v, out, lse, meta: CudnnBlockSparseMeta, *, bshd: bool,
-                       softmax_scale: Optional[float], dq=None, dk=None, dv=None):
+                       softmax_scale: Optional[float], dq=None, dk=None, dv=None,
+                       bucket_size_blocks: Optional[int] = None):
     """cuDNN backward with prebuilt metadata: ``(dq, dk, dv)`` in the call layout (into ``dq`` /
-    ``dk`` / ``dv`` when given)."""
+    ``dk`` / ``dv`` when given). ``bucket_size_blocks``: cuDNN's q-group size of its k2q CSR
+    (None: its default; ``benchmarks/sweep_cudnn_bwd.py`` measures others)."""
     cd = load_cudnn()
+    extra = {} if bucket_size_blocks is None else {"bucket_size_blocks": int(bucket_size_blocks)}
     res = cd.bwd(dout, q, k, v, out, lse, meta.q2k_block_index, None, meta.block_sizes, meta.q2k_block_nums,
                  softmax_scale=softmax_scale, dq_tensor=dq, dk_tensor=dk, dv_tensor=dv,
-                 sparse_block_size=meta.sparse_block, layout=_layout(bshd))
+                 sparse_block_size=meta.sparse_block, layout=_layout(bshd), **extra)
     return res["dq_tensor"], res["dk_tensor"], res["dv_tensor"]
 
 
