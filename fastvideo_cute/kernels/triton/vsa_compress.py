@@ -6,7 +6,8 @@ k and v the kv sizes; tokens at or past a block's size are never loaded (masked 
 may hold anything, NaN included. Grid ``(max(Qb, KVb), B * H)``: program ``(n, bh)`` reduces q
 block ``n`` (if ``n < Qb``) and k, v blocks ``n`` (if ``n < KVb``), walking each block's valid
 tokens in ``BLOCK_T``-token chunks with an fp32 accumulator. The mean is a correctly rounded
-division (``div_rn``), as torch's.
+division (``div_rn``), as torch's. ``config=`` (tuning): one program per tensor and block
+("split"), all three tiles loaded before the first sum ("preload"), a cache hint: the same bits.
 
 Backward (``vsa_compress_bwd``): the mean's gradient spread over the valid tokens,
 ``dx[b, h, n*BLOCK + t] = dxc[b, h, n] / max(size[n], 1)`` for ``t < size[n]``. Same grid. Two modes:

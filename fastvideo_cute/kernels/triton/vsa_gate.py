@@ -4,7 +4,9 @@
 (padding tokens included, as the contract says). fp32 arithmetic, one rounding to ``out``'s dtype.
 
 - Forward ``_vsa_gate_fwd_kernel``, grid ``(S / BLOCK_T, B * H)``: a ``BLOCK_T``-token tile (inside
-  one q block) reads ``out_s`` and ``gate``, the block's ``out_c`` row once, writes ``out``.
+  one q block) reads ``out_s`` and ``gate``, the block's ``out_c`` row once, writes ``out``
+  (``config=``: other tile sizes, several whole q blocks per program, warps, a cache hint; the
+  same per-element expression, so the same bits).
 - Backward ``_vsa_gate_bwd_kernel``, grid ``(Qb, B * H)``: one program per q block walks its tokens
   in ``BLOCK_T`` chunks, writes ``d_gate = dout * out_c`` (with a gate) and sums
   ``dout * gate`` (or ``dout``) over the block's tokens in fp32 into ``d_out_c``: one program per

@@ -19,6 +19,13 @@ Two launches (when ``topk >= KVb`` the first writes no scores and the second onl
    sort's first ``k`` entries give. A running count over the selection gives each selected block
    its slot: ``q2k_idx[row, :k]`` ascending, ``q2k_num[row] = k``.
 
+Tuning variants (keyword-only, default off; ``benchmarks/bench_glue.py`` sweeps them):
+``topk_variant="rows{R}w{W}[x]"`` launches ``_vsa_topk_rows_kernel`` instead (R rows per program,
+each row as two power-of-two chunks, optional early exit: the same lists); ``tiles=`` /
+``num_stages=`` re-tile the coarse kernel; ``kv_splits=S`` (with a caller's ``split_scratch``)
+splits each row's kv walk over S programs that store partial (acc, max, sum) states, merged in
+split order by ``_vsa_coarse_combine_kernel`` (one more launch; deterministic).
+
 Memory: the scores scratch is the only ``[.., Qb, KVb]`` tensor (the caller frees it after the
 call); nothing of that size is needed by the backward (``vsa_coarse_bwd.py`` recomputes P from
 the LSE). Deterministic: every output element is written by one program, in a fixed order.
