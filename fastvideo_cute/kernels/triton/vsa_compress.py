@@ -6,7 +6,8 @@ k and v the kv sizes; tokens at or past a block's size are never loaded (masked 
 may hold anything, NaN included. Grid ``(max(Qb, KVb), B * H)``: program ``(n, bh)`` reduces q
 block ``n`` (if ``n < Qb``) and k, v blocks ``n`` (if ``n < KVb``), walking each block's valid
 tokens in ``BLOCK_T``-token chunks with an fp32 accumulator. The mean is a correctly rounded
-division (``div_rn``), as torch's.
+division (``div_rn``), as torch's. ``config=`` (tuning): one program per tensor and block
+("split"), all three tiles loaded before the first sum ("preload"), a cache hint: the same bits.
 
 Backward (``vsa_compress_bwd``): the mean's gradient spread over the valid tokens,
 ``dx[b, h, n*BLOCK + t] = dxc[b, h, n] / max(size[n], 1)`` for ``t < size[n]``. Same grid. Two modes:
@@ -29,12 +30,12 @@ import triton.language as tl
 
 from .vsa_common import check_bhsd, dtype_name, token_tile
 
-__all__ = ["vsa_compress_fwd", "vsa_compress_bwd"]
+__all__ = ["vsa_compress_fwd", "vsa_compress_bwd", "COMPRESS_MODES"]
 
 
 @triton.jit
 def _block_mean(X, SIZES, XC, stride_b, stride_h, stride_s, off_b, off_h, bh, n, nblk, D,
-                BLOCK: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
+                BLOCK: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, EVICT: tl.constexpr):
     size = tl.load(SIZES + n)
     offs_t = tl.arange(0, BLOCK_T)
     offs_d = tl.arange(0, BLOCK_D)
@@ -44,10 +45,36 @@ def _block_mean(X, SIZES, XC, stride_b, stride_h, stride_s, off_b, off_h, bh, n,
     for t0 in range(0, size, BLOCK_T):  # valid tokens only; the last chunk is masked
         tok = t0 + offs_t
         m = (tok < size)[:, None] & dmask[None, :]
-        x = tl.load(base + tok.to(tl.int64)[:, None] * stride_s + offs_d[None, :], mask=m, other=0.0)
+        x = tl.load(base + tok.to(tl.int64)[:, None] * stride_s + offs_d[None, :], mask=m, other=0.0,
+                    eviction_policy=EVICT)
         acc += tl.sum(x.to(tl.float32), axis=0)
     mean = tl.math.div_rn(acc, tl.maximum(size, 1).to(tl.float32))
     tl.store(XC + (bh.to(tl.int64) * nblk + n) * D + offs_d, mean, mask=dmask)
+
+
+@triton.jit
+def _load_block(X, SIZES, stride_b, stride_h, stride_s, off_b, off_h, n, nblk, D,
+                BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, EVICT: tl.constexpr):
+    """Block ``n``'s valid tokens as one ``[BLOCK, BLOCK_D]`` tile (0 elsewhere; all 0 when
+    ``n >= nblk``), and its size."""
+    size = tl.load(SIZES + n, mask=n < nblk, other=0)
+    tok = tl.arange(0, BLOCK)
+    offs_d = tl.arange(0, BLOCK_D)
+    base = X + off_b * stride_b + off_h * stride_h + (n.to(tl.int64) * BLOCK) * stride_s
+    m = (tok < size)[:, None] & (offs_d < D)[None, :]
+    x = tl.load(base + tok.to(tl.int64)[:, None] * stride_s + offs_d[None, :], mask=m, other=0.0,
+                eviction_policy=EVICT)
+    return x, size
+
+
+@triton.jit
+def _store_mean(x, size, XC, bh, n, nblk, D, BLOCK_D: tl.constexpr):
+    # acc = 0 + sum: the same operations as _block_mean's one-chunk loop (-0.0 sums become +0.0)
+    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+    acc += tl.sum(x.to(tl.float32), axis=0)
+    offs_d = tl.arange(0, BLOCK_D)
+    mean = tl.math.div_rn(acc, tl.maximum(size, 1).to(tl.float32))
+    tl.store(XC + (bh.to(tl.int64) * nblk + n) * D + offs_d, mean, mask=offs_d < tl.where(n < nblk, D, 0))
 
 
 @triton.jit
@@ -60,19 +87,49 @@ def _vsa_compress_fwd_kernel(
     BLOCK: tl.constexpr,
     BLOCK_T: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    MODE: tl.constexpr,
+    EVICT: tl.constexpr,
 ):
+    """MODE "fused": program (n, bh) reduces q, k, v block n in turn (today's kernel). "split":
+    grid axis 2 picks q, k or v (three times the programs, one block each). "preload" (needs
+    BLOCK_T == BLOCK): the three tiles are loaded before the first sum. Every mode reduces a block
+    with the same chunking and sum, so the same bits."""
     n = tl.program_id(0)
     bh = tl.program_id(1)
     off_b = (bh // H).to(tl.int64)
     off_h = (bh % H).to(tl.int64)
-    if n < Qb:
-        _block_mean(Q, Q_SIZES, QC, stride_qb, stride_qh, stride_qs, off_b, off_h, bh, n, Qb, D,
-                    BLOCK, BLOCK_T, BLOCK_D)
-    if n < KVb:
-        _block_mean(K, KV_SIZES, KC, stride_kb, stride_kh, stride_ks, off_b, off_h, bh, n, KVb, D,
-                    BLOCK, BLOCK_T, BLOCK_D)
-        _block_mean(V, KV_SIZES, VC, stride_vb, stride_vh, stride_vs, off_b, off_h, bh, n, KVb, D,
-                    BLOCK, BLOCK_T, BLOCK_D)
+    if MODE == "fused":
+        if n < Qb:
+            _block_mean(Q, Q_SIZES, QC, stride_qb, stride_qh, stride_qs, off_b, off_h, bh, n, Qb, D,
+                        BLOCK, BLOCK_T, BLOCK_D, EVICT)
+        if n < KVb:
+            _block_mean(K, KV_SIZES, KC, stride_kb, stride_kh, stride_ks, off_b, off_h, bh, n, KVb, D,
+                        BLOCK, BLOCK_T, BLOCK_D, EVICT)
+            _block_mean(V, KV_SIZES, VC, stride_vb, stride_vh, stride_vs, off_b, off_h, bh, n, KVb, D,
+                        BLOCK, BLOCK_T, BLOCK_D, EVICT)
+    elif MODE == "split":
+        which = tl.program_id(2)
+        if which == 0:
+            if n < Qb:
+                _block_mean(Q, Q_SIZES, QC, stride_qb, stride_qh, stride_qs, off_b, off_h, bh, n, Qb, D,
+                            BLOCK, BLOCK_T, BLOCK_D, EVICT)
+        elif which == 1:
+            if n < KVb:
+                _block_mean(K, KV_SIZES, KC, stride_kb, stride_kh, stride_ks, off_b, off_h, bh, n, KVb, D,
+                            BLOCK, BLOCK_T, BLOCK_D, EVICT)
+        else:
+            if n < KVb:
+                _block_mean(V, KV_SIZES, VC, stride_vb, stride_vh, stride_vs, off_b, off_h, bh, n, KVb, D,
+                            BLOCK, BLOCK_T, BLOCK_D, EVICT)
+    else:  # "preload"
+        xq, sq = _load_block(Q, Q_SIZES, stride_qb, stride_qh, stride_qs, off_b, off_h, n, Qb, D, BLOCK, BLOCK_D, EVICT)
+        xk, sk = _load_block(K, KV_SIZES, stride_kb, stride_kh, stride_ks, off_b, off_h, n, KVb, D, BLOCK, BLOCK_D,
+                             EVICT)
+        xv, sv = _load_block(V, KV_SIZES, stride_vb, stride_vh, stride_vs, off_b, off_h, n, KVb, D, BLOCK, BLOCK_D,
+                             EVICT)
+        _store_mean(xq, sq, QC, bh, n, Qb, D, BLOCK_D)
+        _store_mean(xk, sk, KC, bh, n, KVb, D, BLOCK_D)
+        _store_mean(xv, sv, VC, bh, n, KVb, D, BLOCK_D)
 
 
 @triton.jit
@@ -146,10 +203,15 @@ def _check_sizes(name, sizes, n):
         f"{name} must be contiguous int32 [{n}]"
 
 
-def vsa_compress_fwd(q, k, v, q_sizes, kv_sizes, qc, kc, vc, *, block: int) -> None:
+def vsa_compress_fwd(q, k, v, q_sizes, kv_sizes, qc, kc, vc, *, block: int, config=None) -> None:
     """Block means of BHSD ``q [B,H,Sq,D]``, ``k``/``v [B,H,Skv,D]`` into caller-allocated fp32
     ``qc [B,H,Sq/block,D]``, ``kc``/``vc [B,H,Skv/block,D]`` (contiguous). ``q_sizes``/``kv_sizes``:
-    contiguous int32 valid-token counts per block, in ``[0, block]`` (not checked here)."""
+    contiguous int32 valid-token counts per block, in ``[0, block]`` (not checked here).
+
+    ``config`` (tuning; None: today's kernel): dict of ``mode`` (:data:`COMPRESS_MODES`: the
+    program split; same bits), ``evict_first`` (a cache hint; same bits), ``block_t`` /
+    ``num_warps`` (the chunk and the thread layout of each block's sum: a different summation
+    tree, so possibly other last bits: the benchmark checks)."""
     B, H, Sq, D = check_bhsd("q", q)
     Skv = check_bhsd("k", k, B, H, None, D)[2]
     check_bhsd("v", v, B, H, Skv, D)
@@ -159,16 +221,44 @@ def vsa_compress_fwd(q, k, v, q_sizes, kv_sizes, qc, kc, vc, *, block: int) -> N
     _check_sizes("kv_sizes", kv_sizes, KVb)
     for name, xc, n in (("qc", qc, Qb), ("kc", kc, KVb), ("vc", vc, KVb)):
         _check_means(name, xc, B, H, n, D)
-    block_t, block_d = token_tile(block, D)
-    _vsa_compress_fwd_kernel[(max(Qb, KVb), B * H)](
+    block_t, block_d, warps, mode, evict = _fwd_config(config, block, D)
+    grid = (max(Qb, KVb), B * H, 3 if mode == "split" else 1)
+    _vsa_compress_fwd_kernel[grid](
         q, k, v, q_sizes, kv_sizes, qc, kc, vc,
         q.stride(0), q.stride(1), q.stride(2),
         k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2),
         H, Qb, KVb, D,
-        BLOCK=block, BLOCK_T=block_t, BLOCK_D=block_d,
-        num_warps=4,
+        BLOCK=block, BLOCK_T=block_t, BLOCK_D=block_d, MODE=mode, EVICT=evict,
+        num_warps=warps,
     )
+
+
+COMPRESS_MODES = ("fused", "split", "preload")
+
+
+def _fwd_config(config, block, head_dim):
+    """(BLOCK_T, BLOCK_D, num_warps, MODE, eviction policy) from ``config`` (a dict with any of
+    ``block_t``, ``num_warps``, ``mode``, ``evict_first``; None: today's kernel)."""
+    block_t, block_d = token_tile(block, head_dim)
+    if config is None:
+        return block_t, block_d, 4, "fused", ""
+    cfg = dict(config)
+    unknown = set(cfg) - {"block_t", "num_warps", "mode", "evict_first"}
+    if unknown:
+        raise ValueError(f"config: unknown keys {sorted(unknown)}")
+    block_t = int(cfg.get("block_t", block_t))
+    warps = int(cfg.get("num_warps", 4))
+    mode = cfg.get("mode", "fused")
+    if mode not in COMPRESS_MODES:
+        raise ValueError(f"config: mode must be one of {COMPRESS_MODES}, got {mode!r}")
+    if block_t < 1 or block_t & (block_t - 1) or block_t > block or block % block_t:
+        raise ValueError(f"config: block_t={block_t} must be a power of two dividing block {block}")
+    if mode == "preload" and block_t != block:
+        raise ValueError(f"config: mode 'preload' reads a block in one chunk (block_t == block {block})")
+    if warps not in (1, 2, 4, 8, 16):
+        raise ValueError(f"config: num_warps={warps} must be one of 1, 2, 4, 8, 16")
+    return block_t, block_d, warps, mode, "evict_first" if cfg.get("evict_first") else ""
 
 
 def vsa_compress_bwd(dqc, dkc, dvc, q_sizes, kv_sizes, dq, dk, dv, *, block: int, accumulate: bool) -> None:

@@ -19,6 +19,13 @@ Two launches (when ``topk >= KVb`` the first writes no scores and the second onl
    sort's first ``k`` entries give. A running count over the selection gives each selected block
    its slot: ``q2k_idx[row, :k]`` ascending, ``q2k_num[row] = k``.
 
+Tuning variants (keyword-only, default off; ``benchmarks/bench_glue.py`` sweeps them):
+``topk_variant="rows{R}w{W}[x]"`` launches ``_vsa_topk_rows_kernel`` instead (R rows per program,
+each row as two power-of-two chunks, optional early exit: the same lists); ``tiles=`` /
+``num_stages=`` re-tile the coarse kernel; ``kv_splits=S`` (with a caller's ``split_scratch``)
+splits each row's kv walk over S programs that store partial (acc, max, sum) states, merged in
+split order by ``_vsa_coarse_combine_kernel`` (one more launch; deterministic).
+
 Memory: the scores scratch is the only ``[.., Qb, KVb]`` tensor (the caller frees it after the
 call); nothing of that size is needed by the backward (``vsa_coarse_bwd.py`` recomputes P from
 the LSE). Deterministic: every output element is written by one program, in a fixed order.
@@ -30,12 +37,15 @@ This module does not import torch.
 
 from __future__ import annotations
 
+import re
+
 import triton
 import triton.language as tl
 
 from .vsa_common import dtype_name, pow2_lanes
 
-__all__ = ["vsa_select_fwd", "vsa_topk", "MAX_KV_BLOCKS", "COARSE_PRECISIONS", "coarse_tiles", "coarse_fwd_tiles"]
+__all__ = ["vsa_select_fwd", "vsa_topk", "MAX_KV_BLOCKS", "COARSE_PRECISIONS", "coarse_tiles", "coarse_fwd_tiles",
+           "TOPK_DEFAULT", "parse_topk_variant", "topk_chunks", "coarse_split_scratch_numel"]
 
 # Widest score row the top-k kernel keeps in one block (8 warps x 32 lanes x 64 keys).
 MAX_KV_BLOCKS = 16384
@@ -45,11 +55,34 @@ MAX_KV_BLOCKS = 16384
 # cores) is the candidate to measure if the coarse attention shows up in a profile.
 COARSE_PRECISIONS = ("ieee", "tf32x3", "tf32")
 
+# Top-k kernel variants (every one gives the same index lists): "search32" is _vsa_topk_kernel
+# (one row per program); "rows{R}w{W}[x]" is _vsa_topk_rows_kernel (R rows per program, W warps,
+# "x": early exit). See parse_topk_variant.
+TOPK_DEFAULT = "search32"
+_TOPK_RE = re.compile(r"rows(\d+)w(\d+)(x?)")
+
+
+@triton.jit
+def _coarse_epilogue(acc, m_i, l_i, OUT, OUT32, LSE, q_rows, rmask, offs_d, dmask, D,
+                     WRITE_OUT32: tl.constexpr):
+    # l == 0: every kv block empty (out_c 0, lse -inf). A NaN l stays NaN in out_c and lse.
+    has_key = l_i != 0.0
+    inv_l = tl.where(has_key, tl.math.div_rn(1.0, tl.where(has_key, l_i, 1.0)), 0.0)
+    out = acc * inv_l[:, None]
+    lse = tl.where(has_key, (m_i + tl.math.log2(tl.where(has_key, l_i, 1.0))) * 0.6931471805599453,
+                   float("-inf"))
+    o_ptrs = q_rows[:, None] * D + offs_d[None, :]
+    omask = rmask[:, None] & dmask[None, :]
+    tl.store(OUT + o_ptrs, out.to(OUT.dtype.element_ty), mask=omask)
+    if WRITE_OUT32:
+        tl.store(OUT32 + o_ptrs, out, mask=omask)
+    tl.store(LSE + q_rows, lse, mask=rmask)
+
 
 @triton.jit
 def _vsa_coarse_fwd_kernel(
-    QC, KC, VC, KV_SIZES, OUT, OUT32, LSE, SCORES,
-    Qb, KVb, D,
+    QC, KC, VC, KV_SIZES, OUT, OUT32, LSE, SCORES, PART,
+    Qb, KVb, D, R,
     sm_scale,
     BLOCK_Q: tl.constexpr,
     BLOCK_KV: tl.constexpr,
@@ -57,6 +90,7 @@ def _vsa_coarse_fwd_kernel(
     WRITE_SCORES: tl.constexpr,
     WRITE_OUT32: tl.constexpr,
     PRECISION: tl.constexpr,
+    SPLITS: tl.constexpr,
 ):
     pid_q = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
@@ -68,11 +102,18 @@ def _vsa_coarse_fwd_kernel(
     q_rows = bh * Qb + rows.to(tl.int64)  # row index into [B*H*Qb]
     qc = tl.load(QC + q_rows[:, None] * D + offs_d[None, :], mask=rmask[:, None] & dmask[None, :], other=0.0)
     kv_base = bh * KVb * D
+    if SPLITS == 1:
+        c_lo = 0
+        c_hi = KVb
+    else:  # split s takes an equal share of the kv chunks
+        per = tl.cdiv(tl.cdiv(KVb, BLOCK_KV), SPLITS) * BLOCK_KV
+        c_lo = tl.program_id(2) * per
+        c_hi = tl.minimum(c_lo + per, KVb)
 
     m_i = tl.full([BLOCK_Q], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_Q], dtype=tl.float32)
     acc = tl.zeros([BLOCK_Q, BLOCK_D], dtype=tl.float32)
-    for c0 in range(0, KVb, BLOCK_KV):
+    for c0 in range(c_lo, c_hi, BLOCK_KV):
         cols = c0 + offs_c
         cmask = cols < KVb
         size = tl.load(KV_SIZES + cols, mask=cmask, other=0)
@@ -96,18 +137,45 @@ def _vsa_coarse_fwd_kernel(
         acc = tl.dot(p, vc, acc, input_precision=PRECISION)
         m_i = m_new
 
-    # l == 0: every kv block empty (out_c 0, lse -inf). A NaN l stays NaN in out_c and lse.
-    has_key = l_i != 0.0
-    inv_l = tl.where(has_key, tl.math.div_rn(1.0, tl.where(has_key, l_i, 1.0)), 0.0)
-    out = acc * inv_l[:, None]
-    lse = tl.where(has_key, (m_i + tl.math.log2(tl.where(has_key, l_i, 1.0))) * 0.6931471805599453,
-                   float("-inf"))
-    o_ptrs = q_rows[:, None] * D + offs_d[None, :]
-    omask = rmask[:, None] & dmask[None, :]
-    tl.store(OUT + o_ptrs, out.to(OUT.dtype.element_ty), mask=omask)
-    if WRITE_OUT32:
-        tl.store(OUT32 + o_ptrs, out, mask=omask)
-    tl.store(LSE + q_rows, lse, mask=rmask)
+    if SPLITS == 1:
+        _coarse_epilogue(acc, m_i, l_i, OUT, OUT32, LSE, q_rows, rmask, offs_d, dmask, D, WRITE_OUT32)
+    else:  # partial state of split s: PART[s, row] = (acc[0:D], m (log2 domain), l)
+        prow = PART + (tl.program_id(2).to(tl.int64) * R + q_rows) * (D + 2)
+        tl.store(prow[:, None] + offs_d[None, :], acc, mask=rmask[:, None] & dmask[None, :])
+        tl.store(prow + D, m_i, mask=rmask)
+        tl.store(prow + D + 1, l_i, mask=rmask)
+
+
+@triton.jit
+def _vsa_coarse_combine_kernel(
+    PART, OUT, OUT32, LSE,
+    Qb, D, R,
+    BLOCK_Q: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    WRITE_OUT32: tl.constexpr,
+    SPLITS: tl.constexpr,
+):
+    """Merges the ``SPLITS`` partial softmax states of each row in split order (deterministic)."""
+    pid_q = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
+    rows = pid_q * BLOCK_Q + tl.arange(0, BLOCK_Q)
+    rmask = rows < Qb
+    offs_d = tl.arange(0, BLOCK_D)
+    dmask = offs_d < D
+    q_rows = bh * Qb + rows.to(tl.int64)
+    m_i = tl.full([BLOCK_Q], float("-inf"), dtype=tl.float32)
+    for sp in tl.static_range(SPLITS):
+        m_i = tl.maximum(m_i, tl.load(PART + (sp * R + q_rows) * (D + 2) + D, mask=rmask, other=float("-inf")))
+    m_safe = tl.where(m_i == float("-inf"), 0.0, m_i)
+    l_i = tl.zeros([BLOCK_Q], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_Q, BLOCK_D], dtype=tl.float32)
+    for sp in tl.static_range(SPLITS):
+        prow = PART + (sp * R + q_rows) * (D + 2)
+        w = tl.math.exp2(tl.load(prow + D, mask=rmask, other=float("-inf")) - m_safe)
+        l_i = l_i + tl.load(prow + D + 1, mask=rmask, other=0.0) * w
+        part = tl.load(prow[:, None] + offs_d[None, :], mask=rmask[:, None] & dmask[None, :], other=0.0)
+        acc = acc + part * w[:, None]
+    _coarse_epilogue(acc, m_i, l_i, OUT, OUT32, LSE, q_rows, rmask, offs_d, dmask, D, WRITE_OUT32)
 
 
 @triton.jit
@@ -152,6 +220,87 @@ def _vsa_topk_kernel(
     tl.store(NUM + row, K)
 
 
+@triton.jit
+def _order_keys(SCORES, rows64, rmask, cols, KVb):
+    """Order-preserving int32 keys of ``SCORES[rows, cols]`` (as ``_vsa_topk_kernel``'s), and
+    ``INT32_MIN`` for lanes past the row or rows past the end: no score has that key (it would be
+    a NaN's bits, and NaN maps to the largest key), so a search threshold above it never counts them."""
+    m = rmask[:, None] & (cols < KVb)[None, :]
+    x = tl.load(SCORES + rows64[:, None] * KVb + cols[None, :], mask=m, other=0.0)
+    bits = x.to(tl.int32, bitcast=True)
+    mag = bits & 0x7FFFFFFF
+    key = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+    key = tl.where(mag == 0, 0, key)
+    key = tl.where(mag > 0x7F800000, 0x7FFFFFFF, key)
+    return tl.where(m, key, -2147483648)
+
+
+@triton.jit
+def _search_step(key_a, key_b, lo, hi, K, EARLY_EXIT: tl.constexpr):
+    mid = (lo + hi + 1) >> 1
+    m32 = mid.to(tl.int32)[:, None]
+    cnt = tl.sum((key_a >= m32).to(tl.int32), axis=1) + tl.sum((key_b >= m32).to(tl.int32), axis=1)
+    ok = cnt >= K
+    new_lo = tl.where(ok, mid, lo)
+    new_hi = tl.where(ok, hi, mid - 1)
+    if EARLY_EXIT:  # exactly K keys >= mid: that set is the answer (see the kernel); stop this row
+        new_hi = tl.where(cnt == K, mid, new_hi)
+    return new_lo, new_hi
+
+
+@triton.jit
+def _vsa_topk_rows_kernel(
+    SCORES, IDX, NUM,
+    R, KVb, K,
+    ROWS: tl.constexpr,
+    MAIN: tl.constexpr,
+    TAIL: tl.constexpr,
+    EARLY_EXIT: tl.constexpr,
+):
+    """``ROWS`` rows per program, each row as two power-of-two chunks: columns ``[0, MAIN)`` and
+    ``[MAIN, MAIN + TAIL)`` (624 columns: 512 + 128 lanes instead of 1024). The same keys, search
+    and selection as ``_vsa_topk_kernel``, vectorised over rows, so the same index lists.
+
+    ``EARLY_EXIT``: a row stops searching once some threshold ``m`` has exactly ``K`` keys ``>= m``
+    (the loop runs while any row of the program is still open). That set is the same selection:
+    the K-th largest key ``T`` is ``>= m``, so ``{key >= T}`` (at least K keys) is inside
+    ``{key >= m}`` (exactly K), hence equal to it, and every tie at ``T`` is taken; with ``t = m``
+    the selection code below takes exactly ``{key >= m}`` too."""
+    pid = tl.program_id(0)
+    rows = pid * ROWS + tl.arange(0, ROWS)
+    rmask = rows < R
+    rows64 = rows.to(tl.int64)
+    ca = tl.arange(0, MAIN)
+    cb = MAIN + tl.arange(0, TAIL)
+    key_a = _order_keys(SCORES, rows64, rmask, ca, KVb)
+    key_b = _order_keys(SCORES, rows64, rmask, cb, KVb)
+    # Rows past the end start closed (lo == hi): they never hold the early-exit loop open.
+    lo = tl.where(rmask, -2147483648, 0).to(tl.int64)
+    hi = tl.where(rmask, 2147483647, 0).to(tl.int64)
+    if EARLY_EXIT:
+        while tl.max(hi - lo, axis=0) > 0:
+            lo, hi = _search_step(key_a, key_b, lo, hi, K, EARLY_EXIT)
+    else:
+        for _step in range(32):
+            lo, hi = _search_step(key_a, key_b, lo, hi, K, EARLY_EXIT)
+    t = lo.to(tl.int32)[:, None]  # > INT32_MIN for real rows: padding lanes are neither above nor tied
+    above_a = key_a > t
+    above_b = key_b > t
+    tie_a = (key_a == t).to(tl.int32)
+    tie_b = (key_b == t).to(tl.int32)
+    need = K - tl.sum(above_a.to(tl.int32), axis=1) - tl.sum(above_b.to(tl.int32), axis=1)
+    rank_a = tl.cumsum(tie_a, axis=1)
+    rank_b = tl.cumsum(tie_b, axis=1) + tl.sum(tie_a, axis=1)[:, None]
+    sel_a = above_a | ((tie_a != 0) & (rank_a <= need[:, None]))
+    sel_b = above_b | ((tie_b != 0) & (rank_b <= need[:, None]))
+    slot_a = tl.cumsum(sel_a.to(tl.int32), axis=1) - 1
+    slot_b = tl.cumsum(sel_b.to(tl.int32), axis=1) - 1 + tl.sum(sel_a.to(tl.int32), axis=1)[:, None]
+    base = IDX + rows64[:, None] * K
+    tl.store(base + slot_a, ca[None, :] + tl.zeros([ROWS, MAIN], tl.int32), mask=sel_a & rmask[:, None])
+    tl.store(base + slot_b, cb[None, :] + tl.zeros([ROWS, TAIL], tl.int32), mask=sel_b & rmask[:, None])
+    tl.store(NUM + rows64, tl.zeros([ROWS], tl.int32) + K, mask=rmask)
+
+
 def coarse_tiles(head_dim: int):
     """(BLOCK_Q, BLOCK_KV, BLOCK_D, num_warps) of the coarse-attention backward (the forward has
     :func:`coarse_fwd_tiles`).
@@ -180,8 +329,33 @@ def _topk_warps(block_kv: int) -> int:
     return max(1, min(8, block_kv // (32 * 64)))
 
 
+def coarse_split_scratch_numel(B: int, H: int, Qb: int, D: int, kv_splits: int) -> int:
+    """fp32 elements of the ``split_scratch`` that ``vsa_select_fwd(kv_splits > 1)`` needs:
+    ``kv_splits * B*H*Qb * (D + 2)`` (each split's accumulator row, its max and its sum)."""
+    return int(kv_splits) * B * H * Qb * (D + 2)
+
+
+def _resolve_fwd_tiles(tiles, head_dim):
+    block_q, block_kv, block_d, warps = coarse_fwd_tiles(head_dim)
+    if tiles is None:
+        return block_q, block_kv, block_d, warps
+    if len(tiles) != 4:
+        raise ValueError(f"tiles must be (BLOCK_Q, BLOCK_KV, BLOCK_D or None, num_warps), got {tiles!r}")
+    bq, bkv, bd, w = tiles
+    bd = block_d if bd is None else bd
+    for name, x in (("BLOCK_Q", bq), ("BLOCK_KV", bkv), ("BLOCK_D", bd)):
+        if int(x) < 16 or int(x) & (int(x) - 1):
+            raise ValueError(f"tiles: {name}={x} must be a power of two >= 16 (tl.dot)")
+    if bd < head_dim:
+        raise ValueError(f"tiles: BLOCK_D={bd} < head_dim {head_dim}")
+    if w not in (1, 2, 4, 8, 16):
+        raise ValueError(f"tiles: num_warps={w} must be one of 1, 2, 4, 8, 16")
+    return int(bq), int(bkv), int(bd), int(w)
+
+
 def vsa_select_fwd(qc, kc, vc, kv_sizes, out, out32, lse, q2k_idx, q2k_num, scores, *, topk: int,
-                   sm_scale: float, precision: str = "ieee") -> None:
+                   sm_scale: float, precision: str = "ieee", tiles=None, num_stages=None, kv_splits: int = 1,
+                   split_scratch=None, topk_variant: str = TOPK_DEFAULT) -> None:
     """Coarse attention + top-k into caller-allocated tensors.
 
     ``qc [B,H,Qb,D]``, ``kc``/``vc [B,H,KVb,D]``: fp32 contiguous. ``kv_sizes``: int32 ``[KVb]``.
@@ -190,6 +364,14 @@ def vsa_select_fwd(qc, kc, vc, kv_sizes, out, out32, lse, q2k_idx, q2k_num, scor
     ``q2k_num``: int32 ``[B,H,Qb]``. ``scores``: fp32 ``[B,H,Qb,KVb]`` scratch, needed (and
     written) only when ``topk < KVb``, else may be ``None``. ``precision``: one of
     :data:`COARSE_PRECISIONS`.
+
+    Overrides for tuning (the defaults are today's kernel): ``tiles=(BLOCK_Q, BLOCK_KV, BLOCK_D or
+    None, num_warps)`` and ``num_stages`` of the coarse kernel; ``kv_splits > 1`` splits each row's
+    kv walk over that many programs, merged by a second launch in split order (deterministic;
+    needs ``split_scratch``, fp32 contiguous with :func:`coarse_split_scratch_numel` elements); a
+    different tile or split changes the summation order, so ``out_c``/``lse`` agree with the
+    default to fp32 rounding (scores: each is one dot over D, the same order in every tile on one
+    GPU instruction kind); ``topk_variant``: :func:`parse_topk_variant` (the same lists always).
     """
     assert precision in COARSE_PRECISIONS, f"precision {precision!r}"
     B, H, Qb, D = qc.shape
@@ -209,32 +391,89 @@ def vsa_select_fwd(qc, kc, vc, kv_sizes, out, out32, lse, q2k_idx, q2k_num, scor
     if not take_all:
         assert scores is not None and dtype_name(scores) == "float32" and scores.is_contiguous() \
             and tuple(scores.shape) == (B, H, Qb, KVb), "scores scratch"
-    block_q, block_kv, block_d, warps = coarse_fwd_tiles(D)
-    _vsa_coarse_fwd_kernel[(triton.cdiv(Qb, block_q), B * H)](
-        qc, kc, vc, kv_sizes, out, out32 if out32 is not None else out, lse,
-        scores if not take_all else lse,
-        Qb, KVb, D,
+    parse_topk_variant(topk_variant)  # raises on a bad name before any launch
+    block_q, block_kv, block_d, warps = _resolve_fwd_tiles(tiles, D)
+    splits = int(kv_splits)
+    if splits < 1:
+        raise ValueError(f"kv_splits must be >= 1, got {kv_splits}")
+    R = B * H * Qb
+    if splits > 1:
+        need = coarse_split_scratch_numel(B, H, Qb, D, splits)
+        if split_scratch is None or dtype_name(split_scratch) != "float32" or not split_scratch.is_contiguous() \
+                or split_scratch.numel() < need:
+            raise ValueError(f"kv_splits={splits} needs split_scratch: fp32 contiguous, >= {need} elements")
+    extra = {} if num_stages is None else {"num_stages": int(num_stages)}
+    out32_arg = out32 if out32 is not None else out
+    _vsa_coarse_fwd_kernel[(triton.cdiv(Qb, block_q), B * H, splits)](
+        qc, kc, vc, kv_sizes, out, out32_arg, lse,
+        scores if not take_all else lse, split_scratch if splits > 1 else lse,
+        Qb, KVb, D, R,
         float(sm_scale),
         BLOCK_Q=block_q, BLOCK_KV=block_kv, BLOCK_D=block_d,
-        WRITE_SCORES=not take_all, WRITE_OUT32=out32 is not None, PRECISION=precision,
+        WRITE_SCORES=not take_all, WRITE_OUT32=out32 is not None, PRECISION=precision, SPLITS=splits,
+        num_warps=warps, **extra,
+    )
+    if splits > 1:
+        _vsa_coarse_combine_kernel[(triton.cdiv(Qb, 32), B * H)](
+            split_scratch, out, out32_arg, lse,
+            Qb, D, R,
+            BLOCK_Q=32, BLOCK_D=block_d, WRITE_OUT32=out32 is not None, SPLITS=splits,
+            num_warps=4,
+        )
+    _launch_topk(scores if not take_all else lse, q2k_idx, q2k_num, R, KVb, k_eff, topk_variant)
+
+
+def topk_chunks(kvb: int):
+    """(MAIN, TAIL) lane counts of ``_vsa_topk_rows_kernel`` for a row of ``kvb`` scores: the
+    power-of-two half of ``pow2(kvb)`` plus the power of two covering the rest (624: 512 + 128;
+    1180: 1024 + 256; a power of two: two halves; both at least 16)."""
+    main = max(16, pow2_lanes(kvb, 16) // 2)
+    return main, pow2_lanes(max(int(kvb) - main, 1), 16)
+
+
+def parse_topk_variant(variant: str):
+    """``None`` for ``"search32"`` (``_vsa_topk_kernel``, one row per program), else
+    ``(rows, num_warps, early_exit)`` of ``_vsa_topk_rows_kernel`` from ``"rows{R}w{W}"`` (32
+    search steps) or ``"rows{R}w{W}x"`` (early exit); R and W powers of two, W <= 8."""
+    if variant == "search32":
+        return None
+    m = _TOPK_RE.fullmatch(str(variant))
+    if m is None:
+        raise ValueError(f"topk variant must be 'search32' or like 'rows4w4' / 'rows4w4x', got {variant!r}")
+    rows, warps = int(m.group(1)), int(m.group(2))
+    if rows < 1 or rows & (rows - 1) or warps not in (1, 2, 4, 8):
+        raise ValueError(f"topk variant {variant!r}: rows must be a power of two, warps one of 1, 2, 4, 8")
+    return rows, warps, bool(m.group(3))
+
+
+def _launch_topk(scores, q2k_idx, q2k_num, rows, KVb, k_eff, variant=TOPK_DEFAULT) -> None:
+    cfg = parse_topk_variant(variant)
+    if cfg is None or k_eff == KVb:  # k == KVb: the copy-out path of the one-row kernel
+        lanes = pow2_lanes(KVb, 16)
+        _vsa_topk_kernel[(rows,)](
+            scores, q2k_idx, q2k_num,
+            KVb, k_eff,
+            BLOCK_KV=lanes, TAKE_ALL=k_eff == KVb,
+            num_warps=_topk_warps(lanes),
+        )
+        return
+    per_row, warps, early = cfg
+    main, tail = topk_chunks(KVb)
+    # at most 64 keys per lane (register budget): fewer rows per program for wide rows
+    per_row = max(1, min(per_row, (64 * 32 * warps) // (main + tail)))
+    per_row = 1 << (per_row.bit_length() - 1)
+    _vsa_topk_rows_kernel[(triton.cdiv(rows, per_row),)](
+        scores, q2k_idx, q2k_num,
+        rows, KVb, k_eff,
+        ROWS=per_row, MAIN=main, TAIL=tail, EARLY_EXIT=early,
         num_warps=warps,
     )
-    _launch_topk(scores if not take_all else lse, q2k_idx, q2k_num, B * H * Qb, KVb, k_eff)
 
 
-def _launch_topk(scores, q2k_idx, q2k_num, rows, KVb, k_eff) -> None:
-    lanes = pow2_lanes(KVb, 16)
-    _vsa_topk_kernel[(rows,)](
-        scores, q2k_idx, q2k_num,
-        KVb, k_eff,
-        BLOCK_KV=lanes, TAKE_ALL=k_eff == KVb,
-        num_warps=_topk_warps(lanes),
-    )
-
-
-def vsa_topk(scores, q2k_idx, q2k_num, *, topk: int) -> None:
+def vsa_topk(scores, q2k_idx, q2k_num, *, topk: int, variant: str = TOPK_DEFAULT) -> None:
     """The top-k kernel alone, on a given fp32 contiguous ``scores [..., R, C]``: ``q2k_idx
-    [..., R, min(topk, C)]`` (ascending) and ``q2k_num [..., R]`` (int32, contiguous)."""
+    [..., R, min(topk, C)]`` (ascending) and ``q2k_num [..., R]`` (int32, contiguous).
+    ``variant``: see :func:`parse_topk_variant` (every variant gives the same lists)."""
     C = scores.shape[-1]
     k_eff = min(int(topk), C)
     assert k_eff >= 1 and C <= MAX_KV_BLOCKS, f"topk {topk} / {C} columns out of range"
@@ -244,4 +483,4 @@ def vsa_topk(scores, q2k_idx, q2k_num, *, topk: int) -> None:
     assert dtype_name(q2k_num) == "int32" and q2k_num.is_contiguous() and tuple(q2k_num.shape) == lead
     rows = q2k_num.numel()
     if rows:
-        _launch_topk(scores, q2k_idx, q2k_num, rows, C, k_eff)
+        _launch_topk(scores, q2k_idx, q2k_num, rows, C, k_eff, variant)

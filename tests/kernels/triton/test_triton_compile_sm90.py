@@ -22,20 +22,26 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from fastvideo_cute.kernels.triton import vsa_coarse_bwd as CB  # noqa: E402
+from fastvideo_cute.kernels.triton import vsa_compress as C  # noqa: E402
+from fastvideo_cute.kernels.triton import vsa_gate as G  # noqa: E402
 from fastvideo_cute.kernels.triton import vsa_select as S  # noqa: E402
 
-_INT_POINTERS = {"KV_SIZES", "IDX", "NUM"}
+_INT_POINTERS = {"KV_SIZES", "IDX", "NUM", "Q_SIZES"}
+_BF16_POINTERS = {"Q", "K", "V", "OS", "G", "OUT"}  # the glue's bf16 model tensors (OUT of the gate)
 _FLOATS = {"sm_scale"}
-_INTS = {"Qb", "KVb", "D", "NQT", "K"}  # sizes (the other upper-case names are pointers)
+_INTS = {"Qb", "KVb", "D", "NQT", "K", "R", "H"}  # sizes (the other upper-case names are pointers)
 
 
 def _signature(kernel, constexprs):
     sig = {}
+    bf16 = kernel in (C._vsa_compress_fwd_kernel, G._vsa_gate_fwd_kernel)
     for name, param in inspect.signature(kernel.fn).parameters.items():
         if "constexpr" in str(param.annotation):
             sig[name] = "constexpr"
         elif name in _FLOATS:
             sig[name] = "fp32"
+        elif bf16 and name in _BF16_POINTERS:
+            sig[name] = "*bf16"
         elif name.isupper() and name not in _INTS:
             sig[name] = "*i32" if name in _INT_POINTERS else "*fp32"
         else:
@@ -59,13 +65,32 @@ def _cases():
                 yield f"bwd-{phase}-d{d}-{prec}", kernel, dict(tiles, PRECISION=prec), warps
             tiles, warps = _tiles(S.coarse_fwd_tiles(d))
             yield (f"fwd-d{d}-{prec}", S._vsa_coarse_fwd_kernel,
-                   dict(tiles, WRITE_SCORES=True, WRITE_OUT32=True, PRECISION=prec), warps)
+                   dict(tiles, WRITE_SCORES=True, WRITE_OUT32=True, PRECISION=prec, SPLITS=1), warps)
     yield "topk-2048", S._vsa_topk_kernel, dict(BLOCK_KV=2048, TAKE_ALL=False), 1
+    # the tuning variants the glue benchmark sweeps (benchmarks/bench_glue.py)
+    main, tail = S.topk_chunks(624)
+    for rows, warps, early in ((1, 1, True), (4, 4, True), (2, 1, False)):
+        yield (f"topk-rows{rows}w{warps}{'x' if early else ''}", S._vsa_topk_rows_kernel,
+               dict(ROWS=rows, MAIN=main, TAIL=tail, EARLY_EXIT=early), warps)
+    for bq, bkv, warps, splits in ((64, 32, 4, 2), (64, 64, 4, 1)):
+        yield (f"fwd-{bq}x{bkv}w{warps}s{splits}-tf32x3", S._vsa_coarse_fwd_kernel,
+               dict(BLOCK_Q=bq, BLOCK_KV=bkv, BLOCK_D=128, WRITE_SCORES=True, WRITE_OUT32=False,
+                    PRECISION="tf32x3", SPLITS=splits), warps)
+    yield ("combine-s2", S._vsa_coarse_combine_kernel,
+           dict(BLOCK_Q=32, BLOCK_D=128, WRITE_OUT32=True, SPLITS=2), 4)
+    for mode in C.COMPRESS_MODES:
+        yield (f"compress-{mode}", C._vsa_compress_fwd_kernel,
+               dict(BLOCK=64, BLOCK_T=64, BLOCK_D=128, MODE=mode, EVICT="evict_first"), 4)
+    for nb in (1, 4):
+        yield (f"gate-nb{nb}", G._vsa_gate_fwd_kernel,
+               dict(BLOCK=64, BLOCK_T=64, BLOCK_D=128, HAS_GATE=True, NB=nb, EVICT="evict_first"), 8)
 
 
 # d=128 with tf32x3 is what runs on the H200; the rest is breadth, kept to one precision per size
 _PICK = {"bwd-a-d128-tf32x3", "bwd-b-d128-tf32x3", "bwd-fused-d128-tf32x3", "fwd-d128-tf32x3",
-         "bwd-fused-d256-ieee", "bwd-b-d64-ieee", "topk-2048"}
+         "bwd-fused-d256-ieee", "bwd-b-d64-ieee", "topk-2048",
+         "topk-rows1w1x", "topk-rows4w4x", "topk-rows2w1", "fwd-64x32w4s2-tf32x3", "fwd-64x64w4s1-tf32x3",
+         "combine-s2", "compress-fused", "compress-split", "compress-preload", "gate-nb1", "gate-nb4"}
 CASES = [c for c in _cases() if c[0] in _PICK]
 
 
@@ -79,7 +104,10 @@ def _compile(name):
 def _compile_one(name):
     kernel, constexprs, warps = next((k, c, w) for n, k, c, w in _cases() if n == name)
     src = ASTSource(kernel, _signature(kernel, constexprs), constexprs)
-    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+    options = {"num_warps": warps}
+    if name == "fwd-64x64w4s1-tf32x3":
+        options["num_stages"] = 1  # 64 x 64 with tf32x3 fits in shared memory with 1-2 stages only
+    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
     ptx = compiled.asm["ptx"]
     return {"cubin": len(compiled.asm["cubin"]), "mma": "mma" in ptx}
 

@@ -146,3 +146,40 @@ def test_backward_partial_pairs_and_determinism():
     a = _fwd(q, k, v, qs, ks, 16, False)
     b = _fwd(q, k, v, qs, ks, 16, False)
     assert all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+# ---------------------------------------------------------------- tuning configs (bench_glue.py sweeps them)
+
+SAME_BITS = [dict(mode="split"), dict(mode="preload"), dict(mode="split", evict_first=True),
+             dict(mode="preload", evict_first=True), dict(mode="fused", evict_first=True)]
+
+
+@pytest.mark.parametrize("cfg", SAME_BITS, ids=lambda c: "-".join(f"{k}{v}" for k, v in c.items()))
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+@pytest.mark.parametrize("bshd", [False, True])
+def test_forward_configs_equal_default_bitwise(cfg, dtype, bshd):
+    """The program splits and the cache hint keep each block's chunking and sum: the default's
+    bits exactly (and the reference within TOL); S_q != S_kv (program axes past Qb), NaN padding."""
+    q, k, v, qs, ks = _case(dtype, bshd)
+    want = _fwd(q, k, v, qs, ks, 16, bshd)
+    b, h, d = q.shape[0], _bhsd(q, bshd).shape[1], q.shape[3]
+    got = [torch.full((b, h, n, d), float("nan"), device=DEV) for n in (qs.numel(), ks.numel(), ks.numel())]
+    vsa_compress_fwd(_bhsd(q, bshd), _bhsd(k, bshd), _bhsd(v, bshd), qs, ks, *got, block=16, config=cfg)
+    for name, g, w, x, sizes in zip(("qc", "kc", "vc"), got, want, (q, k, v), (qs, ks, ks)):
+        assert torch.equal(g, w), name
+        torch.testing.assert_close(g, block_mean_reference(_bhsd(x, bshd), sizes, 16), **TOL, msg=name)
+
+
+@pytest.mark.parametrize("cfg,match", [
+    (dict(mode="fast"), "mode"),
+    (dict(block_t=12), "block_t"),
+    (dict(block_t=32), "block_t"),
+    (dict(mode="preload", block_t=8), "preload"),
+    (dict(num_warps=3), "num_warps"),
+    (dict(warps=4), "unknown"),
+])
+def test_forward_bad_config(cfg, match):
+    q, k, v, qs, ks = _case(torch.float32, False)
+    qc, kc, vc = (torch.empty(2, 2, n, 32, device=DEV) for n in (3, 4, 4))
+    with pytest.raises(ValueError, match=match):
+        vsa_compress_fwd(q, k, v, qs, ks, qc, kc, vc, block=16, config=cfg)

@@ -89,3 +89,42 @@ def test_backward_without_d_gate_and_determinism():
     assert torch.equal(runs[0], runs[1])
     want = (dout * gate).view(B, H, QB, BLOCK, D).sum(3)
     torch.testing.assert_close(runs[0], want, atol=1e-5, rtol=1e-5)
+
+
+# ---------------------------------------------------------------- tuning configs (bench_glue.py sweeps them)
+
+@pytest.mark.parametrize("cfg", [dict(block_t=8), dict(block_t=16, evict_first=True), dict(block_t=32, num_warps=8)],
+                         ids=lambda c: "-".join(f"{k}{v}" for k, v in c.items()))
+@pytest.mark.parametrize("dtype,oc_dtype", [(torch.float32, torch.float32), (torch.float16, torch.float32)])
+@pytest.mark.parametrize("bshd", [False, True])
+@pytest.mark.parametrize("with_gate", [True, False])
+def test_forward_configs_equal_default_bitwise(cfg, dtype, oc_dtype, bshd, with_gate):
+    """Smaller tiles, several q blocks per program (block_t 32 = 2 blocks of 16; S = 48 would not
+    divide 32, so 4 blocks here), the cache hint: one expression per element, the default's bits."""
+    g = torch.Generator().manual_seed(4)
+    shape = (B, 4 * BLOCK, H, D) if bshd else (B, H, 4 * BLOCK, D)
+    out_s, gate = (torch.randn(shape, generator=g).to(DEV, dtype) for _ in range(2))
+    out_c = torch.randn(B, H, 4, D, generator=g).to(DEV, oc_dtype)
+    gate = gate if with_gate else None
+    outs = []
+    for c in (None, cfg):
+        out = torch.full_like(out_s, float("nan"))
+        vsa_gate_fwd(_bhsd(out_s, bshd), out_c, _bhsd(gate, bshd) if gate is not None else None, _bhsd(out, bshd),
+                     block=BLOCK, config=c)
+        outs.append(out)
+    assert torch.equal(outs[0], outs[1])
+    want = gate_compose_reference(_bhsd(out_s, bshd), out_c, _bhsd(gate, bshd) if gate is not None else None, BLOCK)
+    torch.testing.assert_close(_bhsd(outs[1], bshd).float(), want, **_tol(dtype))
+
+
+@pytest.mark.parametrize("cfg,match", [
+    (dict(block_t=12), "block_t"),
+    (dict(block_t=48), "block_t"),
+    (dict(block_t=64), "block_t"),  # 4 blocks of 16 do not divide S = 48
+    (dict(num_warps=5), "num_warps"),
+    (dict(bt=4), "unknown"),
+])
+def test_forward_bad_config(cfg, match):
+    out_s, out_c, gate = _inputs(torch.float32, torch.float32, False)
+    with pytest.raises(ValueError, match=match):
+        vsa_gate_fwd(out_s, out_c, gate, torch.empty_like(out_s), block=BLOCK, config=cfg)

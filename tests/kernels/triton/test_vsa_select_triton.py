@@ -29,7 +29,8 @@ pytest.importorskip("triton")
 from fastvideo_cute.api import topk_block_map  # noqa: E402
 from fastvideo_cute.kernels.triton.vsa_coarse_bwd import (COARSE_BWD_PHASES, coarse_bwd_tiles,  # noqa: E402
                                                           vsa_coarse_bwd)
-from fastvideo_cute.kernels.triton.vsa_select import vsa_select_fwd, vsa_topk  # noqa: E402
+from fastvideo_cute.kernels.triton.vsa_select import (coarse_split_scratch_numel, parse_topk_variant,  # noqa: E402
+                                                      topk_chunks, vsa_select_fwd, vsa_topk)
 from fastvideo_cute.metadata import map_to_index  # noqa: E402
 from fastvideo_cute.reference import coarse_attention_reference, topk_indices_reference  # noqa: E402
 
@@ -176,6 +177,133 @@ def test_topk_random_rows_with_heavy_ties(cols):
     for topk in sorted({1, max(1, cols // 8), cols}):
         assert torch.equal(_topk(rows, topk).long(), topk_indices_reference(rows, topk))
         assert torch.equal(_topk(rows, topk), map_to_index(topk_block_map(rows, topk))[0][..., :topk])
+
+
+# ---------------------------------------------------------------- tuning variants (bench_glue.py sweeps them)
+
+TOPK_VARIANTS = ["rows1w1", "rows1w1x", "rows4w2x", "rows2w1"]
+
+
+def _topk_v(scores, topk, variant):
+    k = min(topk, scores.shape[-1])
+    idx = torch.full(scores.shape[:-1] + (k,), -1, dtype=torch.int32, device=DEV)
+    num = torch.full(scores.shape[:-1], -1, dtype=torch.int32, device=DEV)
+    vsa_topk(scores.contiguous(), idx, num, topk=topk, variant=variant)
+    return idx, num
+
+
+@pytest.mark.parametrize("variant", TOPK_VARIANTS)
+def test_topk_variants_equal_the_one_row_kernel(variant):
+    """Every variant gives search32's lists exactly (and the stable-sort reference's): signed
+    zeros, NaNs, +-inf, denormals, all-equal and all -inf rows, heavy ties; k = 1, k < KVb,
+    k == KVb; row counts that leave the last program partly empty (7 rows, 4 per program)."""
+    inf, nan, den = float("inf"), float("nan"), 1e-40
+    g = torch.Generator().manual_seed(21)
+    crafted = torch.tensor([
+        [0.0, -0.0, 0.0, -0.0, 1.0, -0.0, 0.0, 0.0, -1.0, 0.0],
+        [nan, 1.0, nan, inf, -inf, nan, 2.0, 2.0, 0.5, nan],
+        [den, -den, 0.0, 2 * den, -0.0, den, -2 * den, 0.0, den, -den],
+        [3.0] * 10,
+        [-inf] * 10,
+        [-inf, inf, -inf, 5.0, inf, -inf, -3.0, inf, -inf, 0.0],
+        [-nan, 1.0, -2.0, nan, -inf, 0.0, -0.0, 7.0, -7.0, 1e30],
+    ], device=DEV)
+    ties = (torch.randint(-4, 5, (5, 37), generator=g).float() / 4).to(DEV)
+    wide = torch.randn(3, 70, generator=g).to(DEV)  # two 64-lane chunks: 64 + 16 lanes (tail partly padding)
+    for rows in (crafted, ties, wide):
+        cols = rows.shape[-1]
+        for topk in sorted({1, 3, max(1, cols // 8), cols - 1, cols, cols + 5}):
+            want_idx, want_num = _topk_v(rows, topk, "search32")
+            got_idx, got_num = _topk_v(rows, topk, variant)
+            assert torch.equal(got_idx, want_idx) and torch.equal(got_num, want_num), (cols, topk)
+            assert torch.equal(got_idx.long(), topk_indices_reference(rows, topk)), (cols, topk)
+
+
+def test_topk_variant_names_and_chunks():
+    assert parse_topk_variant("search32") is None
+    assert parse_topk_variant("rows4w2x") == (4, 2, True) and parse_topk_variant("rows1w1") == (1, 1, False)
+    for bad in ("rows3w1", "rows4w3", "rows", "fast", "rows4w4y"):
+        with pytest.raises(ValueError, match="topk variant"):
+            parse_topk_variant(bad)
+    assert topk_chunks(624) == (512, 128) and topk_chunks(1440) == (1024, 512) and topk_chunks(512) == (256, 256)
+    for kvb in (1, 5, 16, 17, 40, 100, 624, 1181, 16384):
+        main, tail = topk_chunks(kvb)
+        assert main + tail >= kvb and main >= 16 and tail >= 16 and not main & (main - 1) and not tail & (tail - 1)
+
+
+COARSE_OVERRIDES = [
+    dict(kv_splits=2),
+    dict(kv_splits=3, tiles=(16, 16, None, 4)),  # splits of 1, 1 and 1 chunk of 16 over 40 columns
+    dict(kv_splits=4, tiles=(16, 32, None, 4)),  # 2 chunks over 4 splits: two splits are empty
+    dict(tiles=(64, 16, None, 4), num_stages=2),
+]
+
+
+@pytest.mark.parametrize("kw", COARSE_OVERRIDES, ids=lambda kw: "-".join(f"{k}{v}" for k, v in kw.items()))
+def test_coarse_overrides_match_reference_and_keep_the_selection(kw):
+    """Other tiles / kv splits: out_c, out32, lse and scores within TOL of the fp32 reference (and
+    of the default kernel), the top-k lists exactly those of the kernel's own scores; the split
+    scratch is NaN-filled (everything the combine reads must have been written)."""
+    qc, kc, vc = _means(2, 2, 5, 40, 32, seed=22)
+    sizes = _sizes(*KV_SIZES)
+    kw = dict(kw)
+    if kw.get("kv_splits", 1) > 1:
+        kw["split_scratch"] = torch.full((coarse_split_scratch_numel(2, 2, 5, 32, kw["kv_splits"]),), float("nan"),
+                                         device=DEV)
+    b, h, qb, d = qc.shape
+    out, out32, lse = (torch.empty(b, h, qb, d, device=DEV), torch.empty(b, h, qb, d, device=DEV),
+                       torch.empty(b, h, qb, device=DEV))
+    idx = torch.empty(b, h, qb, 7, dtype=torch.int32, device=DEV)
+    num = torch.empty(b, h, qb, dtype=torch.int32, device=DEV)
+    scores = torch.empty(b, h, qb, 40, device=DEV)
+    vsa_select_fwd(qc, kc, vc, sizes, out, out32, lse, idx, num, scores, topk=7, sm_scale=d ** -0.5, **kw)
+    ref_out, ref_lse, ref_scores = coarse_attention_reference(qc, kc, vc, sizes)
+    default = _run(qc, kc, vc, sizes, topk=7, with_out32=True)
+    for got, want in ((out, ref_out), (out32, ref_out), (lse, ref_lse), (out, default[0]), (lse, default[2])):
+        torch.testing.assert_close(got, want, **TOL)
+    empty = (sizes == 0).expand_as(scores)
+    assert torch.isneginf(scores[empty]).all()
+    torch.testing.assert_close(scores[~empty], ref_scores[~empty], **TOL)
+    assert torch.equal(idx.long(), topk_indices_reference(scores, 7)) and (num == 7).all()
+
+
+@pytest.mark.parametrize("splits", [2, 3])
+def test_coarse_split_empty_and_nan_rows(splits):
+    """The combine keeps the epilogue's contract: all kv blocks empty -> out_c 0, lse -inf; a NaN
+    row stays NaN."""
+    qc, kc, vc = _means(1, 1, 3, 40, 32, seed=23)
+    scratch = torch.full((coarse_split_scratch_numel(1, 1, 3, 32, splits),), float("nan"), device=DEV)
+    k = dict(kv_splits=splits, split_scratch=scratch, tiles=(16, 16, None, 4))
+    out, lse = torch.empty_like(qc), torch.empty(1, 1, 3, device=DEV)
+    idx, num = torch.empty(1, 1, 3, 2, dtype=torch.int32, device=DEV), torch.empty(1, 1, 3, dtype=torch.int32, device=DEV)
+    scores = torch.empty(1, 1, 3, 40, device=DEV)
+    vsa_select_fwd(qc, kc, vc, _sizes(*([0] * 40)), out, None, lse, idx, num, scores, topk=2, sm_scale=0.25, **k)
+    assert (out == 0).all() and torch.isneginf(lse).all()
+    qc[0, 0, 1, 3] = float("nan")
+    vsa_select_fwd(qc, kc, vc, _sizes(*KV_SIZES), out, None, lse, idx, num, scores, topk=2, sm_scale=0.25, **k)
+    assert torch.isnan(out[0, 0, 1]).all() and torch.isnan(lse[0, 0, 1])
+    assert torch.isfinite(out[0, 0, [0, 2]]).all() and torch.isfinite(lse[0, 0, [0, 2]]).all()
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(kv_splits=2), "split_scratch"),
+    (dict(kv_splits=2, split_scratch="small"), "split_scratch"),
+    (dict(kv_splits=0), "kv_splits"),
+    (dict(tiles=(8, 32, None, 4)), "BLOCK_Q=8"),
+    (dict(tiles=(16, 32, 16, 4)), "BLOCK_D=16"),
+    (dict(tiles=(16, 32, None, 3)), "num_warps"),
+    (dict(tiles=(16, 32)), "tiles must be"),
+    (dict(topk_variant="rows3w1"), "topk variant"),
+])
+def test_select_overrides_bad_arguments(kw, match):
+    qc, kc, vc = _means(1, 1, 3, 6, 32, seed=24)
+    if kw.get("split_scratch") == "small":
+        kw = dict(kw, split_scratch=torch.empty(10, device=DEV))
+    args = (torch.empty_like(qc), None, torch.empty(1, 1, 3, device=DEV),
+            torch.empty(1, 1, 3, 2, dtype=torch.int32, device=DEV), torch.empty(1, 1, 3, dtype=torch.int32, device=DEV),
+            torch.empty(1, 1, 3, 6, device=DEV))
+    with pytest.raises(ValueError, match=match):
+        vsa_select_fwd(qc, kc, vc, _sizes(*([2] * 6)), *args, topk=2, sm_scale=0.25, **kw)
 
 
 BWD_PATHS = ["two_phase", "fused"]  # with p/ds scratch (the op's path) / without (the one-launch fallback)
@@ -390,3 +518,21 @@ def test_gpu_wan_14b_720p_rows_exact_topk(precision):
     tol = 1e-5 if precision == "ieee" else 1e-4
     torch.testing.assert_close(out, ref_out, atol=tol, rtol=tol)
     torch.testing.assert_close(lse, ref_lse, atol=tol, rtol=tol)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", ["rows1w1", "rows1w1x", "rows2w1x", "rows4w4x", "rows8w4x"])
+def test_gpu_topk_variants_equal_search32(variant):
+    """Wan-1.3B 480p (624) and Wan-14B 720p (1440) row widths, random scores with ties and -inf
+    columns: the compiled variants give search32's lists exactly."""
+    g = torch.Generator(device="cuda").manual_seed(1)
+    for cols, topk in ((624, 78), (624, 63), (1440, 180)):
+        rows = torch.randn(4096, cols, device="cuda", generator=g)
+        rows[::7] = torch.round(rows[::7] * 2) / 2  # heavy ties
+        rows[:, ::50] = float("-inf")
+        want = [torch.empty(4096, topk, dtype=torch.int32, device="cuda"), torch.empty(4096, dtype=torch.int32,
+                                                                                      device="cuda")]
+        got = [torch.empty_like(want[0]), torch.empty_like(want[1])]
+        vsa_topk(rows, *want, topk=topk)
+        vsa_topk(rows, *got, topk=topk, variant=variant)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), cols
