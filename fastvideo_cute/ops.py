@@ -5,7 +5,9 @@ The ops take the *logical* selection, as a bool block map or as q2k lists (``q2k
 pass lists), and the sizes; the chosen backend gets a :class:`~fastvideo_cute.metadata.BlockSparsity`
 and builds whatever metadata it needs (cuDNN takes the lists as they are; FA4 its
 BlockSparseTensors from the map) inside the op, so ``torch.compile`` sees two opaque ops with
-fake implementations and traces every public API with ``fullgraph=True``.
+fake implementations and traces every public API with ``fullgraph=True``. ``kv_padding_zero``
+(internal: ``video_sparse_attn`` passes K/V whose padding rows its compression pass zeroed) tells
+a backend that copies K/V to zero their padding (cuDNN, FA4) that it need not.
 
 The backend is chosen in :func:`block_sparse_attn_op` (eagerly on every call; once, at trace
 time, under ``torch.compile``) and passed to the forward op as its ``route`` argument, which
@@ -58,7 +60,7 @@ def _sparsity(block_map: Optional[Tensor], q2k_idx: Optional[Tensor], q2k_num: O
 def _fwd_impl(q: Tensor, k: Tensor, v: Tensor, block_map: Optional[Tensor], kv_block_sizes: Tensor, block_size: int,
          bshd: bool, need_grad: bool, sm_scale: float, need_lse: bool, route: str,
          range_checked: bool, q2k_idx: Optional[Tensor] = None,
-         q2k_num: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+         q2k_num: Optional[Tensor] = None, kv_padding_zero: bool = False) -> Tuple[Tensor, Tensor]:
     if not range_checked:  # traced by torch.compile: the API's eager check did not run
         check_sizes_range(kv_block_sizes, block_size)
     if route == _EMPTY_ROUTE:
@@ -66,8 +68,10 @@ def _fwd_impl(q: Tensor, k: Tensor, v: Tensor, block_map: Optional[Tensor], kv_b
         return out, q.new_empty(_bhs(q, bshd), dtype=torch.float32)
     route = route.split(ROUTE_SEP)[0]
     dispatch_counts[(route, "fwd")] += 1
+    extra = {"kv_padding_zero": True} if kv_padding_zero else {}
     return BACKENDS[route].forward(q, k, v, _sparsity(block_map, q2k_idx, q2k_num, kv_block_sizes), kv_block_sizes,
-                                   block_size=block_size, bshd=bshd, need_backward=need_grad, sm_scale=sm_scale)
+                                   block_size=block_size, bshd=bshd, need_backward=need_grad, sm_scale=sm_scale,
+                                   **extra)
 
 
 _fwd = torch.library.custom_op("fastvideo_cute::block_sparse_attn_fwd", mutates_args=())(_fwd_impl)
@@ -75,14 +79,15 @@ _fwd = torch.library.custom_op("fastvideo_cute::block_sparse_attn_fwd", mutates_
 
 @_fwd.register_fake
 def _fwd_fake(q, k, v, block_map, kv_block_sizes, block_size, bshd, need_grad, sm_scale, need_lse, route,
-              range_checked, q2k_idx=None, q2k_num=None):
+              range_checked, q2k_idx=None, q2k_num=None, kv_padding_zero=False):
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     return out, q.new_empty(_bhs(q, bshd), dtype=torch.float32)
 
 
 def _bwd_impl(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, block_map: Optional[Tensor],
          kv_block_sizes: Tensor, block_size: int, bshd: bool, sm_scale: float, route: str,
-         q2k_idx: Optional[Tensor] = None, q2k_num: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor]:
+         q2k_idx: Optional[Tensor] = None, q2k_num: Optional[Tensor] = None,
+         kv_padding_zero: bool = False) -> Tuple[Tensor, Tensor, Tensor]:
     """``route`` is the forward op's route argument (saved by autograd): its backward half runs."""
     route = route.split(ROUTE_SEP)[-1]
     if route == _EMPTY_ROUTE:
@@ -90,8 +95,9 @@ def _bwd_impl(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: T
     if dout.stride(-1) != 1:
         dout = dout.contiguous()
     dispatch_counts[(route, "bwd")] += 1
+    extra = {"kv_padding_zero": True} if kv_padding_zero else {}
     return BACKENDS[route].backward(q, k, v, out, dout, lse, _sparsity(block_map, q2k_idx, q2k_num, kv_block_sizes),
-                                    kv_block_sizes, block_size=block_size, bshd=bshd, sm_scale=sm_scale)
+                                    kv_block_sizes, block_size=block_size, bshd=bshd, sm_scale=sm_scale, **extra)
 
 
 _bwd = torch.library.custom_op("fastvideo_cute::block_sparse_attn_bwd", mutates_args=())(_bwd_impl)
@@ -99,24 +105,25 @@ _bwd = torch.library.custom_op("fastvideo_cute::block_sparse_attn_bwd", mutates_
 
 @_bwd.register_fake
 def _bwd_fake(dout, q, k, v, out, lse, block_map, kv_block_sizes, block_size, bshd, sm_scale, route, q2k_idx=None,
-              q2k_num=None):
+              q2k_num=None, kv_padding_zero=False):
     return tuple(torch.empty_like(x, memory_format=torch.contiguous_format) for x in (q, k, v))
 
 
 def _setup_context(ctx, inputs, output):
     q, k, v, block_map, kv_block_sizes, block_size, bshd, need_grad, sm_scale, need_lse, route, _ = inputs[:12]
-    q2k_idx, q2k_num = (tuple(inputs[12:]) + (None, None))[:2]
+    q2k_idx, q2k_num, kv_padding_zero = (tuple(inputs[12:]) + (None, None, False))[:3]
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, block_map, kv_block_sizes, q2k_idx, q2k_num)
     ctx.block_size, ctx.bshd, ctx.sm_scale, ctx.route = block_size, bshd, sm_scale, route
+    ctx.kv_padding_zero = kv_padding_zero
 
 
 def _backward(ctx, dout, dlse):
     # lse is a non-differentiable aux output (the public API returns it detached).
     q, k, v, out, lse, block_map, kv_block_sizes, q2k_idx, q2k_num = ctx.saved_tensors
     dq, dk, dv = _bwd(dout, q, k, v, out, lse, block_map, kv_block_sizes, ctx.block_size, ctx.bshd, ctx.sm_scale,
-                      ctx.route, q2k_idx, q2k_num)
-    return (dq, dk, dv) + (None,) * 11
+                      ctx.route, q2k_idx, q2k_num, ctx.kv_padding_zero)
+    return (dq, dk, dv) + (None,) * 12
 
 
 torch.library.register_autograd("fastvideo_cute::block_sparse_attn_fwd", _backward, setup_context=_setup_context)

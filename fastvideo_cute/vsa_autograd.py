@@ -2,7 +2,10 @@
 per-op autograd cannot.
 
 Forward (the ops of :mod:`fastvideo_cute.vsa_ops` and :mod:`fastvideo_cute.ops`, called with
-grad recording off): compression (``vsa_compress``) -> coarse attention + top-k
+grad recording off): compression (``vsa_compress``; for a route whose backend reads partial kv
+tiles whole, cuDNN and FA4, the same pass also writes V, and K when a backward follows, with their
+padding rows zeroed, so the backend makes no sanitized copy of its own and the backward reads
+those copies instead of k / v) -> coarse attention + top-k
 (``vsa_select``) -> q2k lists, handed to the block-sparse forward on the chosen route as they are
 (no bool map unless that route's kernels take one) ->
 ``out = out_s + gate * out_c`` (``vsa_gate``).
@@ -36,6 +39,9 @@ import torch
 from torch import Tensor
 
 from . import ops, vsa_ops
+from .backends import BACKENDS
+from .routes import ROUTE_SEP
+from .validation import has_partial_blocks
 
 __all__ = ["video_sparse_attn_fn"]
 
@@ -59,6 +65,25 @@ def _dedupe(tensors):
 _N_INPUTS = 6  # q, k, v, gate, q_sizes, kv_sizes
 
 
+def _zeroes_padding(name: str) -> bool:
+    backend = BACKENDS.get(name)
+    return bool(getattr(backend, "zeroes_kv_padding", False))
+
+
+def _clean_plan(route: str, kv_sizes: Tensor, block: int, need_grad: bool):
+    """``(clean_v, clean_k)``: whether the compression pass also writes V (and K) with their
+    padding rows zeroed, for a route whose backend would otherwise copy them to zero it (cuDNN,
+    FA4: they read partial kv tiles whole). Only when some kv block is partial (the range check's
+    record; unknown, as under torch.compile, counts as partial). The forward needs V clean, a
+    backward K and V."""
+    parts = route.split(ROUTE_SEP)
+    fwd, bwd = parts[0], parts[-1]
+    if not has_partial_blocks(kv_sizes, block):
+        return False, False
+    clean_k = need_grad and _zeroes_padding(bwd)
+    return clean_k or _zeroes_padding(fwd), clean_k
+
+
 def _op(name: str):
     """The custom op while ``torch.compile`` traces (it must see the op), else its implementation."""
     module = ops if name in ("_fwd", "_bwd") else vsa_ops
@@ -70,32 +95,49 @@ class _VideoSparseAttn(torch.autograd.Function):
     def forward(ctx, slots, topk: int, block: int, bshd: bool, sm_scale: float, route: str, range_checked: bool,
                 need_grad: bool, *uniq: Tensor) -> Tensor:
         q, k, v, gate, q_sizes, kv_sizes = (uniq[i] if i >= 0 else None for i in slots)
-        qc, kc, vc = _op("_compress")(q, k, v, q_sizes, kv_sizes, block, bshd, range_checked)
+        clean_v, clean_k = _clean_plan(route, kv_sizes, block, need_grad)
+        k_run, v_run = k, v
+        if clean_v:
+            qc, kc, vc, k_clean, v_run = _op("_compress_clean")(q, k, v, q_sizes, kv_sizes, block, bshd,
+                                                                range_checked, clean_k)
+            k_run = k_clean if clean_k else k
+        else:
+            qc, kc, vc = _op("_compress")(q, k, v, q_sizes, kv_sizes, block, bshd, range_checked)
         out_c, out_acc, lse_c, q2k_idx, q2k_num = _op("_select")(qc, kc, vc, kv_sizes, topk, sm_scale, q.dtype,
                                                                   need_grad)
-        out_s, lse_s = _op("_fwd")(q, k, v, None, kv_sizes, block, bshd, need_grad, sm_scale, need_grad, route,
-                                   range_checked, q2k_idx, q2k_num)
+        out_s, lse_s = _op("_fwd")(q, k_run, v_run, None, kv_sizes, block, bshd, need_grad, sm_scale, need_grad,
+                                   route, range_checked, q2k_idx, q2k_num, clean_v)
         out = _op("_gate")(out_s, out_c, gate, block, bshd)
         if need_grad:
-            ctx.save_for_backward(*uniq, qc, kc, vc, out_c, out_acc if out_acc.numel() else out_c, lse_c,
-                                  q2k_idx, q2k_num, out_s, lse_s)
-        ctx.slots, ctx.n_uniq = slots, len(uniq)
+            # With clean copies the backward reads them, not k / v: those are not kept (unless
+            # they are also q or the gate, which the backward needs).
+            keep = [u for u in uniq]
+            if clean_k:
+                for i, u in enumerate(uniq):
+                    if (u is k or u is v) and u is not q and u is not gate:
+                        keep[i] = None
+            ctx.save_for_backward(*keep, qc, kc, vc, out_c, out_acc if out_acc.numel() else out_c, lse_c,
+                                  q2k_idx, q2k_num, out_s, lse_s, k_run if clean_k else None,
+                                  v_run if clean_k else None)
+        ctx.slots, ctx.n_uniq, ctx.clean_kv = slots, len(uniq), clean_k
         ctx.block, ctx.bshd, ctx.sm_scale, ctx.route = block, bshd, sm_scale, route
         return out
 
     @staticmethod
     def backward(ctx, dout: Tensor):
         saved = ctx.saved_tensors
-        uniq, (qc, kc, vc, out_c, out_acc, lse_c, q2k_idx, q2k_num, out_s, lse_s) = (saved[:ctx.n_uniq],
-                                                                                     saved[ctx.n_uniq:])
+        uniq, (qc, kc, vc, out_c, out_acc, lse_c, q2k_idx, q2k_num, out_s, lse_s, k_clean, v_clean) = (
+            saved[:ctx.n_uniq], saved[ctx.n_uniq:])
         q, k, v, gate, q_sizes, kv_sizes = (uniq[i] if i >= 0 else None for i in ctx.slots)
+        if ctx.clean_kv:  # the backward's K / V are the forward's padding-zeroed copies
+            k, v = k_clean, v_clean
         need = ctx.needs_input_grad[8:]  # per unique tensor
         slot_q, slot_k, slot_v, slot_g = ctx.slots[:4]
         block, bshd, sm_scale = ctx.block, ctx.bshd, ctx.sm_scale
         do = dout if dout.stride(-1) == 1 else dout.contiguous()
         d_gate, d_out_c = _op("_gate_bwd")(do, out_c, gate, block, bshd, bool(gate is not None and need[slot_g]))
         dq, dk, dv = _op("_bwd")(do, q, k, v, out_s, lse_s, None, kv_sizes, block, bshd, sm_scale, ctx.route,
-                                 q2k_idx, q2k_num)
+                                 q2k_idx, q2k_num, ctx.clean_kv)
         dqc, dkc, dvc = _op("_select_bwd")(d_out_c, qc, kc, vc, kv_sizes, out_acc.to(qc.dtype), lse_c, sm_scale)
         _op("_compress_bwd_accumulate")(dqc, dkc, dvc, q_sizes, kv_sizes, dq, dk, dv, block, bshd)
         grads = [None] * ctx.n_uniq

@@ -57,6 +57,15 @@ _HAS_TRITON: Optional[bool] = None
 # "ieee" on the H200 (benchmarks/results/vsa_e2e_h200_tf32x3.json vs vsa_e2e_h200.json); the
 # interpreter (CPU tensors) runs "ieee".
 _COARSE_PRECISION = "tf32x3"
+# Glue kernel variants measured on the H200 (benchmarks/bench_glue.py, results in
+# benchmarks/results/glue_h200.json: Wan-1.3B 480p at 87.5 / 90 % and Wan-14B 720p, 64-token tiles):
+# top-k "rows1w1x" (one row per one-warp program, early exit) 34 vs 81 us, the same lists bit for
+# bit; compress "split", 2 warps: 93 vs 135 us (one program per tensor; a different but fixed fp32
+# summation order, so block means may differ from the old kernel's in the last bits); gate 8 warps:
+# 92 vs 99 us, the same bits. Coarse forward: no variant beat the default tiles.
+_TOPK_VARIANT = "rows1w1x"
+_COMPRESS_CONFIG = {"mode": "split", "num_warps": 2}
+_GATE_CONFIG = {"num_warps": 8}
 
 
 def _coarse_precision(x: Tensor) -> str:
@@ -209,7 +218,7 @@ def _compress_impl(q: Tensor, k: Tensor, v: Tensor, q_sizes: Tensor, kv_sizes: T
         vc = torch.empty_like(kc)
         with _on(q):
             vsa_compress_fwd(_bhsd(q, bshd), _bhsd(k, bshd), _bhsd(v, bshd), q_sizes, kv_sizes, qc, kc, vc,
-                             block=block)
+                             block=block, config=_COMPRESS_CONFIG)
         return qc, kc, vc
     return (_mean_torch(q, q_sizes, block, bshd), _mean_torch(k, kv_sizes, block, bshd),
             _mean_torch(v, kv_sizes, block, bshd))
@@ -223,6 +232,52 @@ def _compress_fake(q, k, v, q_sizes, kv_sizes, block, bshd, range_checked):
     acc = _acc(q.dtype)
     kc = k.new_empty(_means_shape(k, block, bshd), dtype=acc)
     return q.new_empty(_means_shape(q, block, bshd), dtype=acc), kc, torch.empty_like(kc)
+
+
+def _zero_padding_torch(x: Tensor, sizes: Tensor, block: int, bshd: bool) -> Tensor:
+    out = x.clone(memory_format=torch.contiguous_format)
+    xb = _blocks(out, block, bshd)  # [B, H, n, block, D] view
+    xb.masked_fill_(~_valid(sizes, block), 0)
+    return out
+
+
+def _compress_clean_impl(q: Tensor, k: Tensor, v: Tensor, q_sizes: Tensor, kv_sizes: Tensor, block: int,
+                         bshd: bool, range_checked: bool, clean_k: bool
+                         ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """:func:`_compress_impl` that also returns v (and k, with ``clean_k``; else an empty tensor)
+    copied with every padding row zeroed (contiguous, call layout), in the same pass: what a
+    route that reads partial kv tiles whole (cuDNN, FA4) needs, so it makes no copy of its own."""
+    if not range_checked:
+        check_sizes_range(q_sizes, block, "q_variable_block_sizes")
+        check_sizes_range(kv_sizes, block, "variable_block_sizes")
+    v_clean = torch.empty_like(v, memory_format=torch.contiguous_format)
+    k_clean = torch.empty_like(k, memory_format=torch.contiguous_format) if clean_k else k.new_empty(0)
+    if _use_triton(q):
+        from .kernels.triton.vsa_compress import vsa_compress_fwd
+
+        qc = torch.empty(_means_shape(q, block, bshd), dtype=torch.float32, device=q.device)
+        kc = torch.empty(_means_shape(k, block, bshd), dtype=torch.float32, device=q.device)
+        vc = torch.empty_like(kc)
+        with _on(q):
+            vsa_compress_fwd(_bhsd(q, bshd), _bhsd(k, bshd), _bhsd(v, bshd), q_sizes, kv_sizes, qc, kc, vc,
+                             block=block, config=_COMPRESS_CONFIG, k_out=_bhsd(k_clean, bshd) if clean_k else None,
+                             v_out=_bhsd(v_clean, bshd))
+        return qc, kc, vc, k_clean, v_clean
+    qc, kc, vc = _compress_impl(q, k, v, q_sizes, kv_sizes, block, bshd, True)
+    v_clean.copy_(_zero_padding_torch(v, kv_sizes, block, bshd))
+    if clean_k:
+        k_clean.copy_(_zero_padding_torch(k, kv_sizes, block, bshd))
+    return qc, kc, vc, k_clean, v_clean
+
+
+_compress_clean = torch.library.custom_op("fastvideo_cute::vsa_compress_clean", mutates_args=())(_compress_clean_impl)
+
+
+@_compress_clean.register_fake
+def _compress_clean_fake(q, k, v, q_sizes, kv_sizes, block, bshd, range_checked, clean_k):
+    qc, kc, vc = _compress_fake(q, k, v, q_sizes, kv_sizes, block, bshd, range_checked)
+    k_clean = torch.empty_like(k, memory_format=torch.contiguous_format) if clean_k else k.new_empty(0)
+    return qc, kc, vc, k_clean, torch.empty_like(v, memory_format=torch.contiguous_format)
 
 
 def _compress_bwd_impl(dqc: Optional[Tensor], dkc: Optional[Tensor], dvc: Optional[Tensor], q_sizes: Tensor,
@@ -339,7 +394,7 @@ def _select_impl(qc: Tensor, kc: Tensor, vc: Tensor, kv_sizes: Tensor, topk: int
             with _on(qc):
                 vsa_select_fwd(qc.contiguous(), kc.contiguous(), vc.contiguous(), kv_sizes, out,
                                out_acc if keep_acc else None, lse, idx, num, scores, topk=topk, sm_scale=sm_scale,
-                               precision=_coarse_precision(qc))
+                               precision=_coarse_precision(qc), topk_variant=_TOPK_VARIANT)
             return out, out_acc, lse, idx, num
     out_acc, lse, idx, num = _select_torch(qc, kc, vc, kv_sizes, topk, sm_scale)
     out = out_acc.to(out_dtype)
@@ -415,7 +470,7 @@ def _gate_impl(out_s: Tensor, out_c: Tensor, gate: Optional[Tensor], block: int,
         out = torch.empty(out_s.shape, dtype=out_s.dtype, device=out_s.device)
         with _on(out_s):
             vsa_gate_fwd(_bhsd(out_s, bshd), out_c, _bhsd(gate, bshd) if gate is not None else None,
-                         _bhsd(out, bshd), block=block)
+                         _bhsd(out, bshd), block=block, config=_GATE_CONFIG)
         return out
     return _gate_torch(out_s, out_c, gate, block, bshd)
 

@@ -383,3 +383,67 @@ def test_vsa_forward_hands_the_top_k_lists_to_the_op_without_a_bool_map(monkeypa
         out_s, _ = fvc.block_sparse_attn(q, k, v, index_to_map(idx, num, 3), sizes)
         want = vsa_ops.vsa_gate(out_s, out_c, gate, 64, False)
     assert torch.equal(out, want)
+
+
+@pytest.mark.parametrize("need_grad", [False, True])
+def test_vsa_compression_writes_the_padding_zeroed_kv_a_copying_route_reads(monkeypatch, need_grad):
+    """For a backend that zeroes K/V padding by copying (cuDNN, FA4: ``zeroes_kv_padding``), the
+    compression pass writes the copies instead (V; K too when a backward follows) and the backend
+    is told so (``kv_padding_zero``). Emulated on the Triton route (which masks padding itself, so
+    the results must not change at all): NaN padding, partial and full blocks."""
+    from fastvideo_cute import vsa_autograd
+    from fastvideo_cute.backends import BACKENDS
+
+    monkeypatch.setenv("FASTVIDEO_VSA_TRITON", "1")
+    (q, k, v, gate), sizes, vsa = _vsa_case(False, seed=24)
+    for x in (k, v):
+        x[:, :, 64 + 40:128] = float("nan")
+        x[:, :, 128 + 17:] = float("nan")
+
+    def run():
+        leaves = [x.clone().requires_grad_(need_grad) for x in (q, k, v, gate)]
+        with torch.set_grad_enabled(need_grad):
+            out = vsa(*leaves[:3], sizes, sizes, 2, 64, compress_attn_weight=leaves[3])
+            grads = torch.autograd.grad(out, leaves, torch.ones_like(out)) if need_grad else ()
+        return (out,) + tuple(grads)
+
+    want = run()
+    seen = []
+    be = BACKENDS["triton"]
+    for name in ("forward", "backward"):
+        real = getattr(be, name)
+        monkeypatch.setattr(be, name, lambda *a, _r=real, _n=name, **kw: seen.append((_n, a, kw)) or _r(*a, **kw))
+    monkeypatch.setattr(vsa_autograd, "_zeroes_padding", lambda name: name == "triton")
+    got = run()
+    for a, b in zip(want, got):
+        assert torch.equal(torch.nan_to_num(a), torch.nan_to_num(b)) and torch.isfinite(a).all()
+    fwd = [(a, kw) for n, a, kw in seen if n == "forward"]
+    assert len(fwd) == 1 and fwd[0][1].get("kv_padding_zero") is True
+    v_run = fwd[0][0][2]
+    assert v_run is not v and torch.isfinite(v_run).all()
+    assert torch.equal(v_run[:, :, :104], v[:, :, :104]) and not v_run[:, :, 104:128].any()
+    bwd = [(a, kw) for n, a, kw in seen if n == "backward"]
+    if need_grad:
+        k_run = bwd[0][0][1]
+        assert bwd[0][1].get("kv_padding_zero") is True and torch.isfinite(k_run).all()
+        assert not k_run[:, :, 128 + 17:].any()
+    else:
+        assert not bwd
+
+
+def test_vsa_clean_plan_only_for_partial_blocks_and_copying_backends(monkeypatch):
+    from fastvideo_cute import vsa_autograd
+    from fastvideo_cute.validation import check_sizes_range
+
+    full = torch.full((3,), 64, dtype=torch.int32)
+    part = torch.tensor([64, 40, 17], dtype=torch.int32)
+    for t in (full, part):
+        check_sizes_range(t, 64)
+    plan = vsa_autograd._clean_plan
+    assert plan("cudnn|cudnn", full, 64, True) == (False, False)
+    assert plan("cudnn|cudnn", part, 64, True) == (True, True)
+    assert plan("cudnn|cudnn", part, 64, False) == (True, False)
+    assert plan("fa4|triton", part, 64, True) == (True, False)
+    assert plan("triton|cudnn", part, 64, True) == (True, True)
+    assert plan("triton|triton", part, 64, True) == (False, False)
+    assert plan("triton", part, 64, False) == (False, False)

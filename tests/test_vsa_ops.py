@@ -566,3 +566,25 @@ def test_gpu_glue_deterministic_wan_1_3b():
 
     a, b = run(), run()
     assert all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+@pytest.mark.parametrize("bshd", [False, True])
+@pytest.mark.parametrize("clean_k", [False, True])
+def test_compress_clean_writes_padding_zeroed_copies(path, bshd, clean_k):
+    """``_compress_clean``: the block means of ``_compress`` (same bits on one path) plus V (and K)
+    with every padding row 0 and the valid rows as they are, contiguous in the call layout; the
+    torch and Triton paths give the same copies."""
+    qs, ks = _sizes(16, 7, 0), _sizes(0, 16, 3, 9)
+    q, k, v = _qkv(2, 2, 48, 64, 32, torch.float32, bshd, seed=5)
+    for x, s in ((q, qs), (k, ks), (v, ks)):
+        _poison_padding(x, s, 16, bshd)
+    qc, kc, vc, k_clean, v_clean = vsa_ops._compress_clean(q, k, v, qs, ks, 16, bshd, True, clean_k)
+    for got, want in zip((qc, kc, vc), vsa_ops._compress(q, k, v, qs, ks, 16, bshd, True)):
+        assert torch.equal(got, want)
+    assert (k_clean.numel() == k.numel()) == clean_k
+    for x, c in ((v, v_clean),) + (((k, k_clean),) if clean_k else ()):
+        assert c.is_contiguous() and c.shape == x.shape
+        xb, cb = _bhsd(x, bshd), _bhsd(c, bshd)
+        for n, s in enumerate(ks.tolist()):
+            assert torch.equal(cb[:, :, n * 16:n * 16 + s], xb[:, :, n * 16:n * 16 + s])
+            assert not cb[:, :, n * 16 + s:(n + 1) * 16].any()

@@ -14,6 +14,9 @@ A backend is an object with:
   rows without a valid key), or anything when the caller discards it (``need_lse=False``);
 - ``backward(q, k, v, out, dout, lse, sparsity, kv_block_sizes, *, block_size, bshd, sm_scale)
   -> (dq, dk, dv)``, each shaped and strided like ``empty_like(x, contiguous_format)``;
+- ``kv_padding_zero`` (keyword, default False): the caller's K/V padding rows are already zero
+  (``video_sparse_attn``'s compression pass wrote them so for a backend with
+  ``zeroes_kv_padding = True``, one that would otherwise copy K/V to zero it); others ignore it;
 - ``sparsity``: a :class:`~fastvideo_cute.metadata.BlockSparsity` (or a bool map, which a backend
   wraps with ``BlockSparsity.of``): the backend asks it for the form its kernels take (q2k lists
   or the map), so lists that reached the op are not turned into a map and back;
@@ -94,10 +97,10 @@ class Backend(Protocol):
     def support(self, call: CallInfo) -> Verdict: ...
 
     def forward(self, q, k, v, sparsity, kv_block_sizes, *, block_size: int, bshd: bool, need_backward: bool,
-                sm_scale: float): ...
+                sm_scale: float, kv_padding_zero: bool = False): ...
 
     def backward(self, q, k, v, out, dout, lse, sparsity, kv_block_sizes, *, block_size: int, bshd: bool,
-                 sm_scale: float): ...
+                 sm_scale: float, kv_padding_zero: bool = False): ...
 
     def compile_keys(self, call: CallInfo) -> Dict[str, CompileKey]: ...
 

@@ -30,6 +30,9 @@ _INSTALL = "pip install 'fastvideo-cute[cudnn]' (pins nvidia-cudnn-frontend==1.3
 
 class CudnnBackend:
     name = "cudnn"
+    #: its kernels read partial kv tiles whole, so it copies K/V with their padding zeroed unless
+    #: the caller passes ``kv_padding_zero=True`` (video_sparse_attn's compression pass made them)
+    zeroes_kv_padding = True
     head_dims = (64, 96, 128)
     #: compute capabilities on which this backend's GPU tests have passed (tests/logs)
     VERIFIED = ((9, 0),)
@@ -62,21 +65,22 @@ class CudnnBackend:
         return {d: basic_key(self.name, call, d, call.block_size, detail) for d in directions}
 
     def forward(self, q, k, v, sparsity, kv_block_sizes, *, block_size: int, bshd: bool, need_backward: bool,
-                sm_scale: float):
+                sm_scale: float, kv_padding_zero: bool = False):
         from ..adapters.cudnn_bsa import cudnn_block_sparse_fwd
 
         q2k_idx, q2k_num = BlockSparsity.of(sparsity).q2k()
         out, lse, _ = cudnn_block_sparse_fwd(q, k, v, q2k_idx, q2k_num, kv_block_sizes, block_size=block_size,
                                              bshd=bshd, softmax_scale=sm_scale,
                                              all_full=not has_partial_blocks(kv_block_sizes, block_size),
-                                             need_backward=False)
+                                             need_backward=False, padding_finite=kv_padding_zero)
         return out, lse
 
     def backward(self, q, k, v, out, dout, lse, sparsity, kv_block_sizes, *, block_size: int, bshd: bool,
-                 sm_scale: float):
+                 sm_scale: float, kv_padding_zero: bool = False):
         from ..adapters.cudnn_bsa import cudnn_block_sparse_bwd
 
         q2k_idx, q2k_num = BlockSparsity.of(sparsity).q2k()
         return cudnn_block_sparse_bwd(dout, q, k, v, out, lse, q2k_idx, q2k_num, kv_block_sizes,
                                       block_size=block_size, bshd=bshd, softmax_scale=sm_scale,
-                                      all_full=not has_partial_blocks(kv_block_sizes, block_size))
+                                      all_full=not has_partial_blocks(kv_block_sizes, block_size),
+                                      padding_finite=kv_padding_zero)

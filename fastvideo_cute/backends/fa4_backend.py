@@ -29,6 +29,8 @@ def _bshd_view(x: torch.Tensor, bshd: bool) -> torch.Tensor:
 
 
 class FA4Backend:
+    #: see CudnnBackend.zeroes_kv_padding
+    zeroes_kv_padding = True
     name = "fa4"
     head_dims = FA4_HEAD_DIMS
 
@@ -65,7 +67,7 @@ class FA4Backend:
         return keys
 
     def forward(self, q, k, v, sparsity, kv_block_sizes, *, block_size: int, bshd: bool, need_backward: bool,
-                sm_scale: float):
+                sm_scale: float, kv_padding_zero: bool = False):
         # Padded keys may hold anything (the contract says it never leaks); FA4 reads partial tiles
         # whole, so V's are zeroed out of place when any tile is partial (known from the cached
         # range check). All-full blocks skip the partial lists and the padding pass.
@@ -73,18 +75,18 @@ class FA4Backend:
         partial = has_partial_blocks(kv_block_sizes, block_size)
         meta = build_fwd_metadata(BlockSparsity.of(sparsity).block_map(), kv_block_sizes, fa4_fwd_plan(fa4_arch(), block_size), not partial)
         qs, ks, vs = (_bshd_view(x, bshd) for x in (q, k, v))
-        if partial:  # V alone: K's padding cannot leak in the forward (scores masked by select)
+        if partial and not kv_padding_zero:  # V alone: K's padding cannot leak (scores masked by select)
             _, vs = zeroed_kv_padding(None, vs, meta)
         out, lse = fa4_block_sparse_fwd_prebuilt(qs, ks, vs, meta, softmax_scale=sm_scale)
         out = out if bshd else out.transpose(1, 2)
         return out.contiguous(), lse
 
     def backward(self, q, k, v, out, dout, lse, sparsity, kv_block_sizes, *, block_size: int, bshd: bool,
-                 sm_scale: float):
+                 sm_scale: float, kv_padding_zero: bool = False):
         partial = has_partial_blocks(kv_block_sizes, block_size)
         meta = build_bwd_metadata(BlockSparsity.of(sparsity).block_map(), kv_block_sizes, fa4_bwd_plan(fa4_arch(), block_size), not partial)
         qs, ks, vs, os_, dos = (_bshd_view(x, bshd) for x in (q, k, v, out, dout))
-        if partial:
+        if partial and not kv_padding_zero:
             ks, vs = zeroed_kv_padding(ks, vs, meta)
         dq, dk, dv = fa4_block_sparse_bwd_prebuilt(qs, ks, vs, os_, dos, lse, meta, softmax_scale=sm_scale)
         if not bshd:

@@ -70,7 +70,7 @@ class Sm100Backend:
         return {d: basic_key(self.name, call, d, _BLOCK, (("tile", "64x64"),)) for d in directions}
 
     def forward(self, q, k, v, sparsity, kv_block_sizes, *, block_size: int, bshd: bool, need_backward: bool,
-                sm_scale: float):
+                sm_scale: float, kv_padding_zero: bool = False):
         from ..adapters.cute_sm100_fwd import sm100_block_sparse_fwd64
 
         if abs(sm_scale - q.shape[-1] ** -0.5) > 1e-12:
@@ -83,7 +83,7 @@ class Sm100Backend:
         return out, lse
 
     def backward(self, q, k, v, out, dout, lse, sparsity, kv_block_sizes, *, block_size: int, bshd: bool,
-                 sm_scale: float):
+                 sm_scale: float, kv_padding_zero: bool = False):
         from ..adapters.cute_sm100_bwd import sm100_block_sparse_bwd64
 
         k2q_idx, k2q_num = BlockSparsity.of(sparsity).k2q()

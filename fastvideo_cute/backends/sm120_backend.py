@@ -75,7 +75,7 @@ class Sm120Backend:
         return {"fwd": basic_key(self.name, call, "fwd", _TILE, detail)}
 
     def forward(self, q, k, v, sparsity, kv_block_sizes, *, block_size: int, bshd: bool, need_backward: bool,
-                sm_scale: float):
+                sm_scale: float, kv_padding_zero: bool = False):
         from ..adapters.cute_sm120 import sm120_block_sparse_fwd
 
         if need_backward:

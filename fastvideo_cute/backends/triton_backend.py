@@ -88,7 +88,7 @@ class TritonBackend:
         return {d: basic_key(self.name, call, d, call.block_size, triton_detail(call, d, *tiles)) for d in directions}
 
     def forward(self, q, k, v, sparsity, kv_block_sizes, *, block_size: int, bshd: bool, need_backward: bool,
-                sm_scale: float, config: Optional[dict] = None):
+                sm_scale: float, kv_padding_zero: bool = False, config: Optional[dict] = None):
         from ..kernels.triton.block_sparse_fwd import block_sparse_attn_fwd
 
         del need_backward  # the Triton forward saves nothing extra for its backward
@@ -110,7 +110,7 @@ class TritonBackend:
         return out, lse
 
     def backward(self, q, k, v, out, dout, lse, sparsity, kv_block_sizes, *, block_size: int, bshd: bool,
-                 sm_scale: float, config: Optional[dict] = None):
+                 sm_scale: float, kv_padding_zero: bool = False, config: Optional[dict] = None):
         from ..kernels.triton.block_sparse_bwd import block_sparse_attn_bwd
 
         q_tile, kv_tile = PHYSICAL_TILES[block_size]

@@ -35,7 +35,10 @@ __all__ = ["vsa_compress_fwd", "vsa_compress_bwd", "COMPRESS_MODES"]
 
 @triton.jit
 def _block_mean(X, SIZES, XC, stride_b, stride_h, stride_s, off_b, off_h, bh, n, nblk, D,
-                BLOCK: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, EVICT: tl.constexpr):
+                BLOCK: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, EVICT: tl.constexpr,
+                XO=None, so_b=0, so_h=0, so_s=0, WRITE: tl.constexpr = False):
+    """Block ``n``'s mean into ``XC``; with ``WRITE``, also the block copied to ``XO`` with its
+    padding rows (``t >= size``) zeroed (the valid rows are the ones loaded for the sum)."""
     size = tl.load(SIZES + n)
     offs_t = tl.arange(0, BLOCK_T)
     offs_d = tl.arange(0, BLOCK_D)
@@ -48,8 +51,18 @@ def _block_mean(X, SIZES, XC, stride_b, stride_h, stride_s, off_b, off_h, bh, n,
         x = tl.load(base + tok.to(tl.int64)[:, None] * stride_s + offs_d[None, :], mask=m, other=0.0,
                     eviction_policy=EVICT)
         acc += tl.sum(x.to(tl.float32), axis=0)
+        if WRITE:
+            obase = XO + off_b * so_b + off_h * so_h + (n.to(tl.int64) * BLOCK) * so_s
+            tl.store(obase + tok.to(tl.int64)[:, None] * so_s + offs_d[None, :], x, mask=m)
     mean = tl.math.div_rn(acc, tl.maximum(size, 1).to(tl.float32))
     tl.store(XC + (bh.to(tl.int64) * nblk + n) * D + offs_d, mean, mask=dmask)
+    if WRITE:
+        obase = XO + off_b * so_b + off_h * so_h + (n.to(tl.int64) * BLOCK) * so_s
+        for t0 in range((size // BLOCK_T) * BLOCK_T, BLOCK, BLOCK_T):  # the padding rows: zeros
+            tok = t0 + offs_t
+            pm = ((tok >= size) & (tok < BLOCK))[:, None] & dmask[None, :]
+            tl.store(obase + tok.to(tl.int64)[:, None] * so_s + offs_d[None, :],
+                     tl.zeros([BLOCK_T, BLOCK_D], dtype=XO.dtype.element_ty), mask=pm)
 
 
 @triton.jit
@@ -79,21 +92,26 @@ def _store_mean(x, size, XC, bh, n, nblk, D, BLOCK_D: tl.constexpr):
 
 @triton.jit
 def _vsa_compress_fwd_kernel(
-    Q, K, V, Q_SIZES, KV_SIZES, QC, KC, VC,
+    Q, K, V, Q_SIZES, KV_SIZES, QC, KC, VC, KO, VO,
     stride_qb, stride_qh, stride_qs,
     stride_kb, stride_kh, stride_ks,
     stride_vb, stride_vh, stride_vs,
+    stride_kob, stride_koh, stride_kos,
+    stride_vob, stride_voh, stride_vos,
     H, Qb, KVb, D,
     BLOCK: tl.constexpr,
     BLOCK_T: tl.constexpr,
     BLOCK_D: tl.constexpr,
     MODE: tl.constexpr,
     EVICT: tl.constexpr,
+    WRITE_K: tl.constexpr = False,
+    WRITE_V: tl.constexpr = False,
 ):
     """MODE "fused": program (n, bh) reduces q, k, v block n in turn (today's kernel). "split":
     grid axis 2 picks q, k or v (three times the programs, one block each). "preload" (needs
     BLOCK_T == BLOCK): the three tiles are loaded before the first sum. Every mode reduces a block
-    with the same chunking and sum, so the same bits."""
+    with the same chunking and sum, so the same bits. ``WRITE_K`` / ``WRITE_V`` ("fused" and
+    "split"): k / v also copied to ``KO`` / ``VO`` with their padding rows zeroed."""
     n = tl.program_id(0)
     bh = tl.program_id(1)
     off_b = (bh // H).to(tl.int64)
@@ -104,9 +122,9 @@ def _vsa_compress_fwd_kernel(
                         BLOCK, BLOCK_T, BLOCK_D, EVICT)
         if n < KVb:
             _block_mean(K, KV_SIZES, KC, stride_kb, stride_kh, stride_ks, off_b, off_h, bh, n, KVb, D,
-                        BLOCK, BLOCK_T, BLOCK_D, EVICT)
+                        BLOCK, BLOCK_T, BLOCK_D, EVICT, KO, stride_kob, stride_koh, stride_kos, WRITE_K)
             _block_mean(V, KV_SIZES, VC, stride_vb, stride_vh, stride_vs, off_b, off_h, bh, n, KVb, D,
-                        BLOCK, BLOCK_T, BLOCK_D, EVICT)
+                        BLOCK, BLOCK_T, BLOCK_D, EVICT, VO, stride_vob, stride_voh, stride_vos, WRITE_V)
     elif MODE == "split":
         which = tl.program_id(2)
         if which == 0:
@@ -116,11 +134,11 @@ def _vsa_compress_fwd_kernel(
         elif which == 1:
             if n < KVb:
                 _block_mean(K, KV_SIZES, KC, stride_kb, stride_kh, stride_ks, off_b, off_h, bh, n, KVb, D,
-                            BLOCK, BLOCK_T, BLOCK_D, EVICT)
+                            BLOCK, BLOCK_T, BLOCK_D, EVICT, KO, stride_kob, stride_koh, stride_kos, WRITE_K)
         else:
             if n < KVb:
                 _block_mean(V, KV_SIZES, VC, stride_vb, stride_vh, stride_vs, off_b, off_h, bh, n, KVb, D,
-                            BLOCK, BLOCK_T, BLOCK_D, EVICT)
+                            BLOCK, BLOCK_T, BLOCK_D, EVICT, VO, stride_vob, stride_voh, stride_vos, WRITE_V)
     else:  # "preload"
         xq, sq = _load_block(Q, Q_SIZES, stride_qb, stride_qh, stride_qs, off_b, off_h, n, Qb, D, BLOCK, BLOCK_D, EVICT)
         xk, sk = _load_block(K, KV_SIZES, stride_kb, stride_kh, stride_ks, off_b, off_h, n, KVb, D, BLOCK, BLOCK_D,
@@ -203,7 +221,8 @@ def _check_sizes(name, sizes, n):
         f"{name} must be contiguous int32 [{n}]"
 
 
-def vsa_compress_fwd(q, k, v, q_sizes, kv_sizes, qc, kc, vc, *, block: int, config=None) -> None:
+def vsa_compress_fwd(q, k, v, q_sizes, kv_sizes, qc, kc, vc, *, block: int, config=None, k_out=None,
+                     v_out=None) -> None:
     """Block means of BHSD ``q [B,H,Sq,D]``, ``k``/``v [B,H,Skv,D]`` into caller-allocated fp32
     ``qc [B,H,Sq/block,D]``, ``kc``/``vc [B,H,Skv/block,D]`` (contiguous). ``q_sizes``/``kv_sizes``:
     contiguous int32 valid-token counts per block, in ``[0, block]`` (not checked here).
@@ -211,7 +230,11 @@ def vsa_compress_fwd(q, k, v, q_sizes, kv_sizes, qc, kc, vc, *, block: int, conf
     ``config`` (tuning; None: today's kernel): dict of ``mode`` (:data:`COMPRESS_MODES`: the
     program split; same bits), ``evict_first`` (a cache hint; same bits), ``block_t`` /
     ``num_warps`` (the chunk and the thread layout of each block's sum: a different summation
-    tree, so possibly other last bits: the benchmark checks)."""
+    tree, so possibly other last bits: the benchmark checks).
+
+    ``k_out`` / ``v_out`` (BHSD like ``k``, any strides with last stride 1, ``k``'s dtype): also
+    write k / v there with every padding row (``t >= size``) zeroed, in the same pass (what the
+    cuDNN / FA4 routes otherwise make with a separate sanitize launch); not with mode "preload"."""
     B, H, Sq, D = check_bhsd("q", q)
     Skv = check_bhsd("k", k, B, H, None, D)[2]
     check_bhsd("v", v, B, H, Skv, D)
@@ -222,14 +245,25 @@ def vsa_compress_fwd(q, k, v, q_sizes, kv_sizes, qc, kc, vc, *, block: int, conf
     for name, xc, n in (("qc", qc, Qb), ("kc", kc, KVb), ("vc", vc, KVb)):
         _check_means(name, xc, B, H, n, D)
     block_t, block_d, warps, mode, evict = _fwd_config(config, block, D)
+    for name, out in (("k_out", k_out), ("v_out", v_out)):
+        if out is not None:
+            check_bhsd(name, out, B, H, Skv, D)
+            assert dtype_name(out) == dtype_name(k), f"{name} must have k's dtype"
+            assert mode != "preload", f"{name} needs mode 'fused' or 'split'"
+
+    def strides(x):
+        return (x.stride(0), x.stride(1), x.stride(2)) if x is not None else (0, 0, 0)
+
     grid = (max(Qb, KVb), B * H, 3 if mode == "split" else 1)
     _vsa_compress_fwd_kernel[grid](
-        q, k, v, q_sizes, kv_sizes, qc, kc, vc,
+        q, k, v, q_sizes, kv_sizes, qc, kc, vc, k_out if k_out is not None else k, v_out if v_out is not None else v,
         q.stride(0), q.stride(1), q.stride(2),
         k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2),
+        *strides(k_out), *strides(v_out),
         H, Qb, KVb, D,
         BLOCK=block, BLOCK_T=block_t, BLOCK_D=block_d, MODE=mode, EVICT=evict,
+        WRITE_K=k_out is not None, WRITE_V=v_out is not None,
         num_warps=warps,
     )
 

@@ -27,7 +27,7 @@ from fastvideo_cute.kernels.triton import vsa_gate as G  # noqa: E402
 from fastvideo_cute.kernels.triton import vsa_select as S  # noqa: E402
 
 _INT_POINTERS = {"KV_SIZES", "IDX", "NUM", "Q_SIZES"}
-_BF16_POINTERS = {"Q", "K", "V", "OS", "G", "OUT"}  # the glue's bf16 model tensors (OUT of the gate)
+_BF16_POINTERS = {"Q", "K", "V", "KO", "VO", "OS", "G", "OUT"}  # the glue's bf16 model tensors (OUT of the gate)
 _FLOATS = {"sm_scale"}
 _INTS = {"Qb", "KVb", "D", "NQT", "K", "R", "H"}  # sizes (the other upper-case names are pointers)
 
@@ -80,7 +80,11 @@ def _cases():
            dict(BLOCK_Q=32, BLOCK_D=128, WRITE_OUT32=True, SPLITS=2), 4)
     for mode in C.COMPRESS_MODES:
         yield (f"compress-{mode}", C._vsa_compress_fwd_kernel,
-               dict(BLOCK=64, BLOCK_T=64, BLOCK_D=128, MODE=mode, EVICT="evict_first"), 4)
+               dict(BLOCK=64, BLOCK_T=64, BLOCK_D=128, MODE=mode, EVICT="evict_first", WRITE_K=False,
+                    WRITE_V=False), 4)
+    # what video_sparse_attn runs for cuDNN / FA4 with partial tiles: the padding-zeroed K/V copies
+    yield ("compress-split-write", C._vsa_compress_fwd_kernel,
+           dict(BLOCK=64, BLOCK_T=32, BLOCK_D=128, MODE="split", EVICT="", WRITE_K=True, WRITE_V=True), 2)
     for nb in (1, 4):
         yield (f"gate-nb{nb}", G._vsa_gate_fwd_kernel,
                dict(BLOCK=64, BLOCK_T=64, BLOCK_D=128, HAS_GATE=True, NB=nb, EVICT="evict_first"), 8)
@@ -90,7 +94,7 @@ def _cases():
 _PICK = {"bwd-a-d128-tf32x3", "bwd-b-d128-tf32x3", "bwd-fused-d128-tf32x3", "fwd-d128-tf32x3",
          "bwd-fused-d256-ieee", "bwd-b-d64-ieee", "topk-2048",
          "topk-rows1w1x", "topk-rows4w4x", "topk-rows2w1", "fwd-64x32w4s2-tf32x3", "fwd-64x64w4s1-tf32x3",
-         "combine-s2", "compress-fused", "compress-split", "compress-preload", "gate-nb1", "gate-nb4"}
+         "combine-s2", "compress-fused", "compress-split", "compress-preload", "compress-split-write", "gate-nb1", "gate-nb4"}
 CASES = [c for c in _cases() if c[0] in _PICK]
 
 

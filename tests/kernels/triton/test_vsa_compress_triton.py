@@ -183,3 +183,41 @@ def test_forward_bad_config(cfg, match):
     qc, kc, vc = (torch.empty(2, 2, n, 32, device=DEV) for n in (3, 4, 4))
     with pytest.raises(ValueError, match=match):
         vsa_compress_fwd(q, k, v, qs, ks, qc, kc, vc, block=16, config=cfg)
+
+
+@pytest.mark.parametrize("mode,bshd", [("split", False), ("fused", True)])
+def test_fwd_writes_k_v_with_padding_zeroed_and_the_same_means(mode, bshd):
+    """``k_out`` / ``v_out``: the valid rows copied bit for bit, every padding row (NaN in the
+    input) exactly 0, in both program modes; the block means equal the call without them.
+    block_t 4 < block: the zero loop starts inside a partial chunk (sizes 3 and 9)."""
+    block = 16
+    q, k, v, qs, ks = _case(torch.float16, bshd)
+    cfg = {"mode": mode, "block_t": 4}
+    ref = []
+    for with_out in (False, True):
+        b, h, d = q.shape[0], _bhsd(q, bshd).shape[1], q.shape[3]
+        qc = torch.empty(b, h, qs.numel(), d, device=DEV)
+        kc = torch.empty(b, h, ks.numel(), d, device=DEV)
+        vc = torch.empty_like(kc)
+        outs = [torch.full_like(k, 7.0), torch.full_like(v, 7.0)] if with_out else [None, None]
+        vsa_compress_fwd(_bhsd(q, bshd), _bhsd(k, bshd), _bhsd(v, bshd), qs, ks, qc, kc, vc, block=block,
+                         config=cfg, k_out=None if outs[0] is None else _bhsd(outs[0], bshd),
+                         v_out=None if outs[1] is None else _bhsd(outs[1], bshd))
+        ref.append((qc, kc, vc, outs))
+    for a, c in zip(ref[0][:3], ref[1][:3]):
+        assert torch.equal(a, c)
+    for x, out in zip((k, v), ref[1][3]):
+        xb, ob = _bhsd(x, bshd), _bhsd(out, bshd)
+        for n, size in enumerate(ks.tolist()):
+            assert torch.equal(ob[:, :, n * block:n * block + size], xb[:, :, n * block:n * block + size])
+            pad = ob[:, :, n * block + size:(n + 1) * block]
+            assert torch.equal(pad, torch.zeros_like(pad))
+
+
+def test_fwd_k_out_is_refused_with_preload():
+    q, k, v, qs, ks = _case(torch.float32, False)
+    qc = torch.empty(2, 2, 3, 32, device=DEV)
+    kc = torch.empty(2, 2, 4, 32, device=DEV)
+    with pytest.raises(AssertionError, match="needs mode"):
+        vsa_compress_fwd(q, k, v, qs, ks, qc, kc, torch.empty_like(kc), block=16, config={"mode": "preload"},
+                         v_out=torch.empty_like(v))
