@@ -131,10 +131,12 @@ torch.library.register_autograd("fastvideo_cute::block_sparse_attn_fwd", _backwa
 
 class _BlockSparseEager(torch.autograd.Function):
     """The forward op's implementation and its backward, as an autograd function: what an eager
-    call runs (``torch.compile`` traces the custom op instead). The custom op's Python dispatch
-    measured ~0.5 ms of host time per call on the H200 host (cProfile of ``block_sparse_attn_128``,
-    ``custom_ops.backend_impl``), a quarter of a 64-token forward; the computation is the same
-    ``_fwd_impl`` / ``_bwd_impl`` either way."""
+    call runs (``torch.compile`` traces the custom op instead), as ``video_sparse_attn`` does. Under
+    cProfile on the H200 host the custom op's ``backend_impl`` showed ~0.5 ms of self time per
+    ``block_sparse_attn_128`` call; the wall-clock host time per call was not measurably lower
+    with this function (0.48 and 1.0 ms in two machine loans, whose VSA host times moved by as
+    much: benchmarks/results/host_profile_h200_{5f81125,ac88ba1}.json). The computation is the
+    same ``_fwd_impl`` / ``_bwd_impl`` either way."""
 
     @staticmethod
     def forward(ctx, q, k, v, block_map, kv_block_sizes, block_size, bshd, need_grad, sm_scale, need_lse, route,
