@@ -205,21 +205,28 @@ def _means_shape(x: Tensor, block: int, bshd: bool) -> Tuple[int, int, int, int]
     return b, h, _seq(x, bshd) // block, x.shape[3]
 
 
+def _compress_triton(q, k, v, q_sizes, kv_sizes, block: int, bshd: bool, k_out=None, v_out=None):
+    """The compression kernel's launch (block means; optionally the padding-zeroed K/V copies)."""
+    from .kernels.triton.vsa_compress import vsa_compress_fwd
+
+    qc = torch.empty(_means_shape(q, block, bshd), dtype=torch.float32, device=q.device)
+    kc = torch.empty(_means_shape(k, block, bshd), dtype=torch.float32, device=q.device)
+    vc = torch.empty_like(kc)
+    with _on(q):
+        vsa_compress_fwd(_bhsd(q, bshd), _bhsd(k, bshd), _bhsd(v, bshd), q_sizes, kv_sizes, qc, kc, vc,
+                         block=block, config=_COMPRESS_CONFIG,
+                         k_out=None if k_out is None else _bhsd(k_out, bshd),
+                         v_out=None if v_out is None else _bhsd(v_out, bshd))
+    return qc, kc, vc
+
+
 def _compress_impl(q: Tensor, k: Tensor, v: Tensor, q_sizes: Tensor, kv_sizes: Tensor, block: int,
               bshd: bool, range_checked: bool) -> Tuple[Tensor, Tensor, Tensor]:
     if not range_checked:  # e.g. traced by torch.compile, where the API's eager check does not run
         check_sizes_range(q_sizes, block, "q_variable_block_sizes")
         check_sizes_range(kv_sizes, block, "variable_block_sizes")
     if _use_triton(q):
-        from .kernels.triton.vsa_compress import vsa_compress_fwd
-
-        qc = torch.empty(_means_shape(q, block, bshd), dtype=torch.float32, device=q.device)
-        kc = torch.empty(_means_shape(k, block, bshd), dtype=torch.float32, device=q.device)
-        vc = torch.empty_like(kc)
-        with _on(q):
-            vsa_compress_fwd(_bhsd(q, bshd), _bhsd(k, bshd), _bhsd(v, bshd), q_sizes, kv_sizes, qc, kc, vc,
-                             block=block, config=_COMPRESS_CONFIG)
-        return qc, kc, vc
+        return _compress_triton(q, k, v, q_sizes, kv_sizes, block, bshd)
     return (_mean_torch(q, q_sizes, block, bshd), _mean_torch(k, kv_sizes, block, bshd),
             _mean_torch(v, kv_sizes, block, bshd))
 
@@ -253,15 +260,7 @@ def _compress_clean_impl(q: Tensor, k: Tensor, v: Tensor, q_sizes: Tensor, kv_si
     v_clean = torch.empty_like(v, memory_format=torch.contiguous_format)
     k_clean = torch.empty_like(k, memory_format=torch.contiguous_format) if clean_k else k.new_empty(0)
     if _use_triton(q):
-        from .kernels.triton.vsa_compress import vsa_compress_fwd
-
-        qc = torch.empty(_means_shape(q, block, bshd), dtype=torch.float32, device=q.device)
-        kc = torch.empty(_means_shape(k, block, bshd), dtype=torch.float32, device=q.device)
-        vc = torch.empty_like(kc)
-        with _on(q):
-            vsa_compress_fwd(_bhsd(q, bshd), _bhsd(k, bshd), _bhsd(v, bshd), q_sizes, kv_sizes, qc, kc, vc,
-                             block=block, config=_COMPRESS_CONFIG, k_out=_bhsd(k_clean, bshd) if clean_k else None,
-                             v_out=_bhsd(v_clean, bshd))
+        qc, kc, vc = _compress_triton(q, k, v, q_sizes, kv_sizes, block, bshd, k_clean if clean_k else None, v_clean)
         return qc, kc, vc, k_clean, v_clean
     qc, kc, vc = _compress_impl(q, k, v, q_sizes, kv_sizes, block, bshd, True)
     v_clean.copy_(_zero_padding_torch(v, kv_sizes, block, bshd))
