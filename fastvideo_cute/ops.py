@@ -68,10 +68,9 @@ def _fwd_impl(q: Tensor, k: Tensor, v: Tensor, block_map: Optional[Tensor], kv_b
         return out, q.new_empty(_bhs(q, bshd), dtype=torch.float32)
     route = route.split(ROUTE_SEP)[0]
     dispatch_counts[(route, "fwd")] += 1
-    extra = {"kv_padding_zero": True} if kv_padding_zero else {}
     return BACKENDS[route].forward(q, k, v, _sparsity(block_map, q2k_idx, q2k_num, kv_block_sizes), kv_block_sizes,
                                    block_size=block_size, bshd=bshd, need_backward=need_grad, sm_scale=sm_scale,
-                                   **extra)
+                                   kv_padding_zero=kv_padding_zero)
 
 
 _fwd = torch.library.custom_op("fastvideo_cute::block_sparse_attn_fwd", mutates_args=())(_fwd_impl)
@@ -95,9 +94,9 @@ def _bwd_impl(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: T
     if dout.stride(-1) != 1:
         dout = dout.contiguous()
     dispatch_counts[(route, "bwd")] += 1
-    extra = {"kv_padding_zero": True} if kv_padding_zero else {}
     return BACKENDS[route].backward(q, k, v, out, dout, lse, _sparsity(block_map, q2k_idx, q2k_num, kv_block_sizes),
-                                    kv_block_sizes, block_size=block_size, bshd=bshd, sm_scale=sm_scale, **extra)
+                                    kv_block_sizes, block_size=block_size, bshd=bshd, sm_scale=sm_scale,
+                                    kv_padding_zero=kv_padding_zero)
 
 
 _bwd = torch.library.custom_op("fastvideo_cute::block_sparse_attn_bwd", mutates_args=())(_bwd_impl)
@@ -113,17 +112,27 @@ def _setup_context(ctx, inputs, output):
     q, k, v, block_map, kv_block_sizes, block_size, bshd, need_grad, sm_scale, need_lse, route, _ = inputs[:12]
     q2k_idx, q2k_num, kv_padding_zero = (tuple(inputs[12:]) + (None, None, False))[:3]
     out, lse = output
+    _save(ctx, q, k, v, out, lse, block_map, kv_block_sizes, q2k_idx, q2k_num, block_size, bshd, sm_scale, route,
+          kv_padding_zero)
+
+
+def _save(ctx, q, k, v, out, lse, block_map, kv_block_sizes, q2k_idx, q2k_num, block_size, bshd, sm_scale, route,
+          kv_padding_zero):
     ctx.save_for_backward(q, k, v, out, lse, block_map, kv_block_sizes, q2k_idx, q2k_num)
     ctx.block_size, ctx.bshd, ctx.sm_scale, ctx.route = block_size, bshd, sm_scale, route
     ctx.kv_padding_zero = kv_padding_zero
 
 
+def _run_backward(ctx, dout, bwd):
+    """dq, dk, dv through ``bwd`` (the op, or its implementation) from what :func:`_save` kept."""
+    q, k, v, out, lse, block_map, kv_block_sizes, q2k_idx, q2k_num = ctx.saved_tensors
+    return bwd(dout, q, k, v, out, lse, block_map, kv_block_sizes, ctx.block_size, ctx.bshd, ctx.sm_scale,
+               ctx.route, q2k_idx, q2k_num, ctx.kv_padding_zero)
+
+
 def _backward(ctx, dout, dlse):
     # lse is a non-differentiable aux output (the public API returns it detached).
-    q, k, v, out, lse, block_map, kv_block_sizes, q2k_idx, q2k_num = ctx.saved_tensors
-    dq, dk, dv = _bwd(dout, q, k, v, out, lse, block_map, kv_block_sizes, ctx.block_size, ctx.bshd, ctx.sm_scale,
-                      ctx.route, q2k_idx, q2k_num, ctx.kv_padding_zero)
-    return (dq, dk, dv) + (None,) * 12
+    return tuple(_run_backward(ctx, dout, _bwd)) + (None,) * 12
 
 
 torch.library.register_autograd("fastvideo_cute::block_sparse_attn_fwd", _backward, setup_context=_setup_context)
@@ -144,17 +153,14 @@ class _BlockSparseEager(torch.autograd.Function):
         out, lse = _fwd_impl(q, k, v, block_map, kv_block_sizes, block_size, bshd, need_grad, sm_scale, need_lse,
                              route, range_checked, q2k_idx, q2k_num)
         if need_grad:
-            ctx.save_for_backward(q, k, v, out, lse, block_map, kv_block_sizes, q2k_idx, q2k_num)
-        ctx.block_size, ctx.bshd, ctx.sm_scale, ctx.route = block_size, bshd, sm_scale, route
+            _save(ctx, q, k, v, out, lse, block_map, kv_block_sizes, q2k_idx, q2k_num, block_size, bshd, sm_scale,
+                  route, False)
         ctx.mark_non_differentiable(lse)
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, dlse):
-        q, k, v, out, lse, block_map, kv_block_sizes, q2k_idx, q2k_num = ctx.saved_tensors
-        dq, dk, dv = _bwd_impl(dout, q, k, v, out, lse, block_map, kv_block_sizes, ctx.block_size, ctx.bshd,
-                               ctx.sm_scale, ctx.route, q2k_idx, q2k_num)
-        return (dq, dk, dv) + (None,) * 11
+        return tuple(_run_backward(ctx, dout, _bwd_impl)) + (None,) * 11
 
 
 def _refuse_forward_ad(*tensors: Tensor) -> None:

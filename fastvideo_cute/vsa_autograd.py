@@ -111,7 +111,7 @@ class _VideoSparseAttn(torch.autograd.Function):
         if need_grad:
             # With clean copies the backward reads them, not k / v: those are not kept (unless
             # they are also q or the gate, which the backward needs).
-            keep = [u for u in uniq]
+            keep = list(uniq)
             if clean_k:
                 for i, u in enumerate(uniq):
                     if (u is k or u is v) and u is not q and u is not gate:

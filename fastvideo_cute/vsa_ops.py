@@ -241,11 +241,10 @@ def _compress_fake(q, k, v, q_sizes, kv_sizes, block, bshd, range_checked):
     return q.new_empty(_means_shape(q, block, bshd), dtype=acc), kc, torch.empty_like(kc)
 
 
-def _zero_padding_torch(x: Tensor, sizes: Tensor, block: int, bshd: bool) -> Tensor:
-    out = x.clone(memory_format=torch.contiguous_format)
-    xb = _blocks(out, block, bshd)  # [B, H, n, block, D] view
-    xb.masked_fill_(~_valid(sizes, block), 0)
-    return out
+def _copy_zero_padding_torch(out: Tensor, x: Tensor, sizes: Tensor, block: int, bshd: bool) -> None:
+    """``out[:] = x`` with every padding row zeroed (``out`` contiguous, call layout)."""
+    out.copy_(x)
+    _blocks(out, block, bshd).masked_fill_(~_valid(sizes, block), 0)  # [B, H, n, block, D] view
 
 
 def _compress_clean_impl(q: Tensor, k: Tensor, v: Tensor, q_sizes: Tensor, kv_sizes: Tensor, block: int,
@@ -263,9 +262,9 @@ def _compress_clean_impl(q: Tensor, k: Tensor, v: Tensor, q_sizes: Tensor, kv_si
         qc, kc, vc = _compress_triton(q, k, v, q_sizes, kv_sizes, block, bshd, k_clean if clean_k else None, v_clean)
         return qc, kc, vc, k_clean, v_clean
     qc, kc, vc = _compress_impl(q, k, v, q_sizes, kv_sizes, block, bshd, True)
-    v_clean.copy_(_zero_padding_torch(v, kv_sizes, block, bshd))
+    _copy_zero_padding_torch(v_clean, v, kv_sizes, block, bshd)
     if clean_k:
-        k_clean.copy_(_zero_padding_torch(k, kv_sizes, block, bshd))
+        _copy_zero_padding_torch(k_clean, k, kv_sizes, block, bshd)
     return qc, kc, vc, k_clean, v_clean
 
 
