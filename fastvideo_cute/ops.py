@@ -32,7 +32,7 @@ from .backends import BACKENDS
 from .call import call_info
 from .metadata import BlockSparsity
 from .routes import ROUTE_SEP, select_route_name
-from .validation import check_sizes_range
+from .validation import check_sizes_range, has_partial_blocks
 
 __all__ = ["block_sparse_attn_op", "dispatch_counts", "ForwardADError", "EMPTY_ROUTE"]
 
@@ -138,6 +138,28 @@ def _backward(ctx, dout, dlse):
 torch.library.register_autograd("fastvideo_cute::block_sparse_attn_fwd", _backward, setup_context=_setup_context)
 
 
+def _clean_once(route: str, kv_block_sizes: Tensor, block_size: int, need_grad: bool) -> bool:
+    """Whether the eager forward zeroes K's and V's padding rows once, up front, for the backward to
+    reuse: a backward follows, some kv block is partial (the range check's record), and both halves
+    of the route run on a backend that would otherwise copy them itself (cuDNN, FA4: they read
+    partial kv tiles whole). Without it the forward copies V and the backward K and V again (on
+    the H200, Wan-1.3B grid, 64-token tiles: 57 + 112 us where one 112 us pass serves both)."""
+    if not need_grad:
+        return False
+    parts = route.split(ROUTE_SEP)
+    if not all(getattr(BACKENDS.get(p), "zeroes_kv_padding", False) for p in (parts[0], parts[-1])):
+        return False
+    return has_partial_blocks(kv_block_sizes, block_size)
+
+
+def _zeroed_padding(k: Tensor, v: Tensor, kv_block_sizes: Tensor, block_size: int, bshd: bool):
+    """K and V copied with their padding rows (positions at or past each kv block's size) set to 0:
+    one Triton launch (the routes that need it run on CUDA only)."""
+    from .kernels.triton.sanitize_padding import sanitize_kv_padding
+
+    return sanitize_kv_padding(k, v, kv_block_sizes.to(torch.int32).contiguous(), block_size, bshd=bshd)
+
+
 class _BlockSparseEager(torch.autograd.Function):
     """The forward op's implementation and its backward, as an autograd function: what an eager
     call runs (``torch.compile`` traces the custom op instead), as ``video_sparse_attn`` does. Under
@@ -150,11 +172,16 @@ class _BlockSparseEager(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, block_map, kv_block_sizes, block_size, bshd, need_grad, sm_scale, need_lse, route,
                 range_checked, q2k_idx, q2k_num):
+        # With padding-zeroed copies (see _clean_once) both halves read them and k / v are not kept.
+        # The backend's backward ran its kernels on such copies before too: the same gradients.
+        clean = _clean_once(route, kv_block_sizes, block_size, need_grad)
+        if clean:
+            k, v = _zeroed_padding(k, v, kv_block_sizes, block_size, bshd)
         out, lse = _fwd_impl(q, k, v, block_map, kv_block_sizes, block_size, bshd, need_grad, sm_scale, need_lse,
-                             route, range_checked, q2k_idx, q2k_num)
+                             route, range_checked, q2k_idx, q2k_num, clean)
         if need_grad:
             _save(ctx, q, k, v, out, lse, block_map, kv_block_sizes, q2k_idx, q2k_num, block_size, bshd, sm_scale,
-                  route, False)
+                  route, clean)
         ctx.mark_non_differentiable(lse)
         return out, lse
 

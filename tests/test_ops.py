@@ -132,3 +132,67 @@ def test_concurrent_interpreter_calls_from_threads():
         t.join()
     assert not errors, errors
     assert len(results) == 4 and all(torch.equal(r, ref) for r in results)
+
+
+@pytest.mark.parametrize("bshd", [False, True])
+def test_eager_forward_zeroes_kv_padding_once_for_a_copying_route(monkeypatch, bshd):
+    """With a backward to follow, some kv block partial and a route whose backends copy K/V to
+    zero their padding (cuDNN, FA4: ``zeroes_kv_padding``), the eager forward makes one
+    padding-zeroed K/V pair, both halves run on it (told so by ``kv_padding_zero``) and make no copy
+    of their own. Emulated on the Triton route (it masks padding itself, so nothing may change):
+    NaN padding, the results and gradients equal the plain run's."""
+    from fastvideo_cute.backends import BACKENDS
+
+    monkeypatch.setenv("FASTVIDEO_VSA_TRITON", "1")
+    g = torch.Generator().manual_seed(5)
+    shape = (1, 192, 2, 32) if bshd else (1, 2, 192, 32)
+    q, k, v, dout = (torch.randn(shape, generator=g).to(DEV) for _ in range(4))
+    sizes = torch.tensor([64, 40, 17], dtype=torch.int32, device=DEV)
+    seq = (slice(None),) if bshd else (slice(None), slice(None))  # the dims before the token dim
+    for x in (k, v):  # the padding rows of kv blocks 1 and 2
+        x[seq + (slice(64 + 40, 128),)] = float("nan")
+        x[seq + (slice(128 + 17, None),)] = float("nan")
+    m = torch.ones(1, 2, 3, 3, dtype=torch.bool, device=DEV)
+    m[..., 0, 2] = False
+    fn = fvc.block_sparse_attn_bshd if bshd else fvc.block_sparse_attn
+
+    def run():
+        leaves = [x.clone().requires_grad_(True) for x in (q, k, v)]
+        out, _ = fn(*leaves, m, sizes)
+        return (out,) + torch.autograd.grad(out, leaves, dout)
+
+    want = run()
+    seen = []
+    be = BACKENDS["triton"]
+    for name in ("forward", "backward"):
+        real = getattr(be, name)
+        monkeypatch.setattr(be, name, lambda *a, _r=real, _n=name, **kw: seen.append((_n, a, kw)) or _r(*a, **kw))
+    monkeypatch.setattr(type(be), "zeroes_kv_padding", True, raising=False)
+    got = run()
+    for a, b in zip(want, got):
+        assert torch.isfinite(a).all() and torch.equal(a, b)
+    [(_, fa, fkw)] = [s for s in seen if s[0] == "forward"]
+    [(_, ba, bkw)] = [s for s in seen if s[0] == "backward"]
+    assert fkw["kv_padding_zero"] is True and bkw["kv_padding_zero"] is True
+    k_run, v_run = fa[1], fa[2]
+    assert ba[1] is k_run and ba[2] is v_run  # the backward reuses the forward's copies
+    for x, src in ((k_run, k), (v_run, v)):
+        assert torch.isfinite(x).all()
+        assert torch.equal(x[seq + (slice(0, 104),)], src[seq + (slice(0, 104),)])
+        assert not x[seq + (slice(104, 128),)].any() and not x[seq + (slice(145, None),)].any()
+
+
+def test_eager_forward_zeroes_nothing_without_backward_or_partial_blocks(monkeypatch):
+    from fastvideo_cute.validation import check_sizes_range
+
+    full = torch.full((3,), 64, dtype=torch.int32)
+    part = torch.tensor([64, 40, 17], dtype=torch.int32)
+    for t in (full, part):
+        check_sizes_range(t, 64)
+    assert ops._clean_once("cudnn|cudnn", part, 64, True)
+    assert ops._clean_once("fa4|cudnn", part, 64, True)
+    assert not ops._clean_once("cudnn|cudnn", part, 64, False)
+    assert not ops._clean_once("cudnn|cudnn", full, 64, True)
+    assert not ops._clean_once("fa4|triton", part, 64, True)
+    assert not ops._clean_once("triton|cudnn", part, 64, True)
+    assert not ops._clean_once(ops.EMPTY_ROUTE, part, 64, True)

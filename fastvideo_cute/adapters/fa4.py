@@ -190,8 +190,11 @@ def _to_fa4(fa, index: FA4SparseIndex):
     )
 
 
-def fa4_block_sparse_fwd_prebuilt(q, k, v, meta: FA4Metadata, *, softmax_scale: Optional[float] = None):
-    """FA4 forward with metadata from :func:`build_fwd_metadata` (no checks: the kernel only)."""
+def fa4_block_sparse_fwd_prebuilt(q, k, v, meta: FA4Metadata, *, softmax_scale: Optional[float] = None,
+                                  out: Optional[torch.Tensor] = None):
+    """FA4 forward with metadata from :func:`build_fwd_metadata` (no checks: the kernel only).
+    ``out``: a caller-allocated BSHD output, any strides with a contiguous last dim (e.g. the
+    ``transpose(1, 2)`` view of a BHSD tensor, so a BHSD caller needs no copy afterwards)."""
     fa = load_fa4()
     plan = meta.plan
     max_seqlen_q = SingleQStageSeqlen(q.shape[1]) if plan.single_q_stage else None
@@ -205,6 +208,7 @@ def fa4_block_sparse_fwd_prebuilt(q, k, v, meta: FA4Metadata, *, softmax_scale: 
         block_sparse_tensors=_to_fa4(fa, meta.index),
         aux_tensors=[meta.kv_tile_sizes],
         return_lse=True,
+        out=out,
     )[:2]
     return out, lse
 
