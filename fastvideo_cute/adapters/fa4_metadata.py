@@ -1,6 +1,11 @@
-"""FA4 block-sparse metadata from a VSA block map (pure torch, on the map's device, no host
-synchronisation): Q-owned lists for the forward, KV-owned lists for the backward, each split
-into FULL kv tiles (no masking) and PARTIAL ones (the ``mask_mod`` decides per element)."""
+"""FA4 block-sparse metadata from a VSA block map (on the map's device, no host synchronisation):
+Q-owned lists for the forward, KV-owned lists for the backward, each split into FULL kv tiles (no
+masking) and PARTIAL ones (the ``mask_mod`` decides per element).
+
+A CUDA map takes one fused Triton launch (``kernels/triton/fa4_lists.py``); the torch path
+(``_physical_maps`` + ``_index``: about a dozen launches, ~0.3 ms of host time per call on the
+H200's host) is the reference it equals bit for bit, and serves CPU maps and machines without
+Triton."""
 
 from __future__ import annotations
 
@@ -58,9 +63,61 @@ def _index(full: torch.Tensor, part: Optional[torch.Tensor], block_size: Tuple[i
                           mask_idx.contiguous(), block_size)
 
 
+def _fused(block_map: torch.Tensor, kv_block_sizes: torch.Tensor, plan: FA4Plan, all_full: bool,
+           transpose: bool) -> Optional[FA4Metadata]:
+    """The lists from one Triton launch (None where the torch path must serve: a CPU map, no
+    Triton, a row wider than the kernel's block)."""
+    if not block_map.is_cuda or _fa4_lists() is None:
+        return None
+    return fused_lists(block_map, kv_block_sizes, plan, all_full, transpose)
+
+
+def fused_lists(block_map: torch.Tensor, kv_block_sizes: torch.Tensor, plan: FA4Plan, all_full: bool,
+                transpose: bool) -> Optional[FA4Metadata]:
+    """:func:`_fused` without the device test (CPU tensors run it under ``TRITON_INTERPRET=1``:
+    the tests compare it with the torch path); None for a row wider than the kernel's block."""
+    launch, max_cols = _fa4_lists()
+    kv_factor, q_factor = plan.block_size // plan.kv_tile, plan.block_size // plan.q_sparse
+    b, h, qb, kvb = block_map.shape
+    rows, cols = (kvb * kv_factor, qb * q_factor) if transpose else (qb * q_factor, kvb * kv_factor)
+    if cols > max_cols or cols == 0:
+        return None
+    dev = block_map.device
+    m = block_map.view(torch.uint8) if block_map.dtype == torch.bool else block_map
+    sizes = kv_block_sizes.to(device=dev, dtype=torch.int32).contiguous()
+    tile_sizes = torch.empty(kvb * kv_factor, dtype=torch.int32, device=dev)
+    f_idx, m_idx = (torch.empty((b, h, rows, cols), dtype=torch.int32, device=dev) for _ in range(2))
+    f_cnt, m_cnt = (torch.empty((b, h, rows), dtype=torch.int32, device=dev) for _ in range(2))
+    args = dict(q_factor=q_factor, kv_factor=kv_factor, kv_tile=plan.kv_tile, transpose=transpose, all_full=all_full)
+    if m.is_cuda:
+        with torch.cuda.device(dev):  # Triton launches on the current device
+            launch(m, sizes, tile_sizes, f_idx, f_cnt, m_idx, m_cnt, **args)
+    else:
+        launch(m, sizes, tile_sizes, f_idx, f_cnt, m_idx, m_cnt, **args)
+    index = FA4SparseIndex(f_cnt, f_idx, m_cnt, m_idx, (plan.q_sparse, plan.kv_tile))
+    return FA4Metadata(index, tile_sizes, plan)
+
+
+_FA4_LISTS = None  # (fa4_lists_launch, MAX_COLS) once imported; False without Triton
+
+
+def _fa4_lists():
+    global _FA4_LISTS
+    if _FA4_LISTS is None:
+        try:
+            from ..kernels.triton.fa4_lists import MAX_COLS, fa4_lists_launch
+            _FA4_LISTS = (fa4_lists_launch, MAX_COLS)
+        except ImportError:
+            _FA4_LISTS = False
+    return _FA4_LISTS or None
+
+
 def build_fwd_metadata(block_map: torch.Tensor, kv_block_sizes: torch.Tensor, plan: FA4Plan,
                        all_full: bool = False) -> FA4Metadata:
     """Q-owned forward lists: per sparse q block, its FULL and PARTIAL kv tiles (size-0 dropped)."""
+    fused = _fused(_as_4d(block_map), kv_block_sizes, plan, all_full, transpose=False)
+    if fused is not None:
+        return fused
     full, part, tile_sizes = _physical_maps(_as_4d(block_map), kv_block_sizes, plan, all_full)
     return FA4Metadata(_index(full, part, (plan.q_sparse, plan.kv_tile)), tile_sizes, plan)
 
@@ -68,6 +125,9 @@ def build_fwd_metadata(block_map: torch.Tensor, kv_block_sizes: torch.Tensor, pl
 def build_bwd_metadata(block_map: torch.Tensor, kv_block_sizes: torch.Tensor, plan: FA4Plan,
                        all_full: bool = False) -> FA4Metadata:
     """KV-owned backward lists: per kv tile, the sparse q blocks that selected it (the transpose)."""
+    fused = _fused(_as_4d(block_map), kv_block_sizes, plan, all_full, transpose=True)
+    if fused is not None:
+        return fused
     full, part, tile_sizes = _physical_maps(_as_4d(block_map), kv_block_sizes, plan, all_full)
     index = _index(full.transpose(-2, -1), None if part is None else part.transpose(-2, -1),
                    (plan.q_sparse, plan.kv_tile))
