@@ -28,3 +28,14 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def spy_backend_calls(monkeypatch, backend) -> list:
+    """Record every ``backend.forward`` / ``backward`` call as ``(name, args, kwargs)`` (the calls
+    still run) in the returned list."""
+    seen = []
+    for name in ("forward", "backward"):
+        real = getattr(backend, name)
+        monkeypatch.setattr(backend, name,
+                            lambda *a, _r=real, _n=name, **kw: seen.append((_n, a, kw)) or _r(*a, **kw))
+    return seen

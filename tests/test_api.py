@@ -15,7 +15,7 @@ import fastvideo_cute as fvc
 from fastvideo_cute.reference import block_sparse_attn_reference, video_sparse_attn_reference
 from fastvideo_cute.routes import RouteError
 
-from .conftest import HAS_CUDA
+from .conftest import HAS_CUDA, spy_backend_calls
 
 DEV = "cuda" if HAS_CUDA else "cpu"
 FP32_TOL = 1e-4 if not HAS_CUDA else 2e-2  # tf32 dots on GPU
@@ -408,11 +408,8 @@ def test_vsa_compression_writes_the_padding_zeroed_kv_a_copying_route_reads(monk
         return (out,) + tuple(grads)
 
     want = run()
-    seen = []
     be = BACKENDS["triton"]
-    for name in ("forward", "backward"):
-        real = getattr(be, name)
-        monkeypatch.setattr(be, name, lambda *a, _r=real, _n=name, **kw: seen.append((_n, a, kw)) or _r(*a, **kw))
+    seen = spy_backend_calls(monkeypatch, be)
     monkeypatch.setattr(vsa_autograd, "_zeroes_padding", lambda name: name == "triton")
     got = run()
     for a, b in zip(want, got):

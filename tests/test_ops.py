@@ -13,7 +13,7 @@ from fastvideo_cute import ops
 from fastvideo_cute.backends import registry
 from fastvideo_cute.backends.triton_backend import TritonBackend
 
-from .conftest import HAS_CUDA
+from .conftest import HAS_CUDA, spy_backend_calls
 
 DEV = "cuda" if HAS_CUDA else "cpu"
 
@@ -162,11 +162,8 @@ def test_eager_forward_zeroes_kv_padding_once_for_a_copying_route(monkeypatch, b
         return (out,) + torch.autograd.grad(out, leaves, dout)
 
     want = run()
-    seen = []
     be = BACKENDS["triton"]
-    for name in ("forward", "backward"):
-        real = getattr(be, name)
-        monkeypatch.setattr(be, name, lambda *a, _r=real, _n=name, **kw: seen.append((_n, a, kw)) or _r(*a, **kw))
+    seen = spy_backend_calls(monkeypatch, be)
     monkeypatch.setattr(type(be), "zeroes_kv_padding", True, raising=False)
     got = run()
     for a, b in zip(want, got):
