@@ -102,6 +102,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="write the measured route table (the backends ranked per call class) to PATH")
     p.add_argument("--warmup", type=int, default=25, help="do_bench warmup, ms")
     p.add_argument("--rep", type=int, default=100, help="do_bench repetition time, ms")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="measure every entry of a case this many times, interleaved (routes then peers, "
+                        "round after round), and report the median: run-to-run drift hits every entry alike")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--name", default=None, help="result name (default: vsa_<gpu>_<time>)")
     p.add_argument("--out", default=None, help="JSON path (default: benchmarks/results/<name>.json)")
@@ -181,6 +184,35 @@ def tflops(flops: float, ms: Optional[float]) -> Optional[float]:
 
 def group_key(r: dict) -> tuple:
     return (r["mode"], r["seqlen"], r["block_size"], r["sparsity"], tuple(r.get("grid") or ()))
+
+
+def merge_rounds(results: List[dict]) -> List[dict]:
+    """One record per (entry, case) from ``--rounds`` interleaved measurements: the first round's
+    record with ``ms`` (and its TF/s) the median of the rounds that ran ok, every round's ms in
+    ``ms_rounds``. An entry that failed or was skipped in any round keeps that round's record."""
+    merged: Dict[tuple, List[dict]] = {}
+    order: List[tuple] = []
+    for r in results:
+        key = (r["kind"], r["name"]) + group_key(r)
+        if key not in merged:
+            merged[key] = []
+            order.append(key)
+        merged[key].append(r)
+    out = []
+    for key in order:
+        rows = merged[key]
+        bad = [r for r in rows if r["status"] != "ok" or not r.get("ms")]
+        if bad or len(rows) == 1:
+            out.append(bad[0] if bad else rows[0])
+            continue
+        times = sorted(r["ms"] for r in rows)
+        n = len(times)
+        med = times[n // 2] if n % 2 else 0.5 * (times[n // 2 - 1] + times[n // 2])
+        r = dict(rows[0])
+        r["ms"], r["ms_rounds"] = med, [x["ms"] for x in rows]
+        r["tflops"], r["effective_tflops"] = tflops(r["flops"], med), tflops(r["effective_flops"], med)
+        out.append(r)
+    return out
 
 
 def add_ratios(results: List[dict]) -> None:
@@ -911,15 +943,17 @@ def run_benchmark(args) -> dict:
             for sparsity in args.sparsity:
                 case = Case(args, seqlen, block, sparsity, "cuda", tile=tile)
                 for mode in args.modes:
-                    for route in args.routes:
-                        if route == "sm120":
-                            runner.run_sm120(case, mode)
-                        else:
-                            runner.run_route(route, case, mode)
-                    for peer in args.peers:
-                        runner.run_peer(peer, case, mode)
+                    for _ in range(max(1, args.rounds)):
+                        for route in args.routes:
+                            if route == "sm120":
+                                runner.run_sm120(case, mode)
+                            else:
+                                runner.run_route(route, case, mode)
+                        for peer in args.peers:
+                            runner.run_peer(peer, case, mode)
                 del case
                 torch.cuda.empty_cache()
+    runner.results = merge_rounds(runner.results)
     add_ratios(runner.results)
     config = {k: v for k, v in vars(args).items() if k not in ("replot",)}
     return {"schema": 1, "name": name, "created": _dt.datetime.now().isoformat(timespec="seconds"),

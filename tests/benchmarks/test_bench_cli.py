@@ -272,3 +272,28 @@ def test_grid_arguments(bench):
     assert a.grid == [21, 30, 52] and a.tile == [[4, 4, 4], [2, 8, 8]]
     with pytest.raises(SystemExit):
         bench.parse_args(["--grid", "21", "30", "52"])
+
+
+def test_rounds_merge_to_the_median_of_interleaved_measurements(bench):
+    """``--rounds N``: every entry of a case measured N times; one record each, ms the median
+    (its TF/s recomputed), the rounds kept; an entry that failed in a round keeps the failure."""
+    args = bench.parse_args(["--seqlens", "32768", "--block-size", "128", "--rounds", "3"])
+    assert args.rounds == 3 and bench.parse_args([]).rounds == 1
+    runner = bench.Runner(args)
+    n, topk = 256, bench.topk_for(0.875, 256)
+    case = types.SimpleNamespace(
+        seqlen=32768, block=128, sparsity=0.875, topk=topk, nblocks=n, grid=None, tile=None, all_full=True,
+        flops={m: bench.case_flops(1, 12, 128, n, topk, 128, m) for m in bench.MODES},
+        dense_flops={m: bench.dense_flops(1, 12, 128, 32768, 32768, m) for m in bench.MODES})
+    for ms_route, ms_peer, peer_status in ((1.0, 0.8, "ok"), (3.0, 0.9, "error"), (2.0, 1.1, "ok")):
+        runner.record(case, "route", "cute", "fwd", "ok", ms=ms_route, served_by="fa4")
+        runner.record(case, "peer", "fa4-bsparse", "fwd", peer_status, ms=ms_peer if peer_status == "ok" else None,
+                      reason=None if peer_status == "ok" else "boom")
+    merged = bench.merge_rounds(runner.results)
+    assert [(r["kind"], r["name"]) for r in merged] == [("route", "cute"), ("peer", "fa4-bsparse")]
+    route, peer = merged
+    assert route["ms"] == 2.0 and route["ms_rounds"] == [1.0, 3.0, 2.0]
+    assert route["effective_tflops"] == pytest.approx(bench.tflops(route["effective_flops"], 2.0))
+    assert peer["status"] == "error" and peer["reason"] == "boom"
+    even = bench.merge_rounds([dict(route, ms=1.0), dict(route, ms=2.0)])
+    assert len(even) == 1 and even[0]["ms"] == 1.5
