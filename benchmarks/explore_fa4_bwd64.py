@@ -10,6 +10,7 @@ replaced in FA4's module, nothing is installed or kept) and builds the kv-owned 
 adapter's builder at a 64-token kv tile.
 
   --compile sm_90   compile only, on a CPU box (fake CUDA tensors, as tests/adapters/test_fa4_compile.py)
+  --all-configs     every 64x64 config the search lists (18 for head_dim 128), not just two
   (default)         on the GPU: exactness against the fp32 reference on a small case, then the
                     time of both backwards on S=32768 and the Wan-1.3B grid (metadata prebuilt)
 
@@ -40,6 +41,23 @@ CONFIGS = {
 }
 
 
+def searched_configs():
+    """Every 64x64 config ``find_feasible_bwd_configs(128, 128)`` lists (FA4's own search), named
+    ``s<i>``, as BwdConfig keyword arguments."""
+    from flash_attn.cute.sm90_config_search import find_feasible_bwd_configs
+
+    out = {}
+    for c in find_feasible_bwd_configs(128, 128):
+        if c["tile_m"] != 64 or c["tile_n"] != 64:
+            continue
+        out[f"s{len(out)}"] = dict(
+            m_block_size=64, n_block_size=64, num_stages_Q=c["Q_stage"], num_stages_dO=c["dO_stage"],
+            num_stages_PdS=c["PdS_stage"], SdP_swapAB=c["SdP_swapAB"], dKV_swapAB=c["dKV_swapAB"],
+            dQ_swapAB=c["dQ_swapAB"], AtomLayoutMSdP=c["AtomLayoutMSdP"], AtomLayoutNdKV=c["AtomLayoutNdKV"],
+            AtomLayoutMdQ=c["AtomLayoutMdQ"], num_wg=c["num_wg"])
+    return out
+
+
 def _patch(iface, name):
     cfg = iface.BwdConfig(**CONFIGS[name])
     iface._tile_size_bwd_sm90 = lambda *a, **k: cfg
@@ -51,10 +69,15 @@ def _plan():
     return FA4Plan(block_size=64, q_sparse=64, kv_tile=64, tile_mn=None, single_q_stage=False)
 
 
-def compile_only(out_dir: Path) -> dict:
+def _cross_env(out_dir: Path) -> None:
+    """The sm_90a cross-compile environment; must be set before anything imports cutlass."""
     os.environ.update(FLASH_ATTENTION_ARCH="sm_90", CUTE_DSL_ARCH="sm_90a", FLASH_ATTENTION_NUM_SMS="132",
                       CUTE_DSL_KEEP="cubin", CUTE_DSL_DUMP_DIR=str(out_dir))
     out_dir.mkdir(parents=True, exist_ok=True)
+
+
+def compile_only(out_dir: Path) -> dict:
+    _cross_env(out_dir)
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -84,7 +107,7 @@ def compile_only(out_dir: Path) -> dict:
                 lse = torch.empty(B, H, S, dtype=torch.float32, device="cuda")
                 A.fa4_block_sparse_bwd_prebuilt(q, k, v, o, do, lse, fmeta)
         except Exception as e:  # report and go on
-            err = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
+            err = f"{type(e).__name__}: {' '.join(str(e).split())[:400]}"
         new = [key for key in fa.bwd.compile_cache.cache if key not in before]
         res[name] = {"seconds": round(time.time() - t0, 1), "error": err, "new_kernels": len(new),
                      "cubin_bytes": [len(fa.bwd.compile_cache.cache[key].artifacts.CUBIN or b"") for key in new]}
@@ -182,9 +205,17 @@ def main(argv=None):
     ap.add_argument("--out", default=None)
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--rep", type=int, default=50)
+    ap.add_argument("--all-configs", action="store_true",
+                    help="every 64x64 config of FA4's config search instead of the two fixed ones")
     args = ap.parse_args(argv)
+    dump = Path(args.out or "/tmp/fa4_bwd64") / "dump"
     if args.compile:
-        res = compile_only(Path(args.out or "/tmp/fa4_bwd64") / "dump")
+        _cross_env(dump)
+    if args.all_configs:
+        CONFIGS.clear()
+        CONFIGS.update(searched_configs())
+    if args.compile:
+        res = compile_only(dump)
     else:
         res = on_gpu(args)
     if args.out:
