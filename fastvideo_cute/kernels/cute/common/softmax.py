@@ -36,6 +36,16 @@ def mask_keys(rS: cute.Tensor, tScS: cute.Tensor, valid: Int32):
 
 
 @cute.jit
+def mask_keys_mn(s_mn: cute.Tensor, c_mn: cute.Tensor, valid: Int32):
+    """:func:`mask_keys` on (rows, cols) views of the scores and their coordinates: one compare
+    per column, one select per element (``c_mn[0, c][1]`` is column ``c``'s key index)."""
+    for c in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
+        drop = c_mn[0, c][1] >= valid
+        for r in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
+            s_mn[r, c] = -Float32.inf if drop else s_mn[r, c]
+
+
+@cute.jit
 def online_softmax_update(srow: cute.TensorSSA, row_max: Float32, row_sum: Float32, scale_log2: Float32,
                           threads_in_group: cutlass.Constexpr = 1, p_out=None):
     """One block of a row (this thread's part of it): returns ``(p, new_max, new_sum, alpha)``;
@@ -74,3 +84,52 @@ def finalize_row(row_max: Float32, row_sum: Float32, scale_log2: Float32):
     if empty:
         lse = -Float32.inf
     return inv, lse, empty
+
+
+def tree_reduce(vals, op):
+    """Trace-time pairwise reduction of a Python list of scalars: depth log2(n), not an n-long
+    dependent chain (max is order-free; a sum in this order is deterministic)."""
+    if len(vals) == 1:
+        return vals[0]
+    half = len(vals) // 2
+    return op(tree_reduce(vals[:half], op), tree_reduce(vals[half:], op))
+
+
+# |max * scale_log2| from which P = exp2(fma(s, c, -fl(max * c))) centres the row first: below it
+# the rounding of fl(max * c) moves P by less than 2^-24 * 2^8 * ln 2 ~ 1e-5 relative.
+FFMA_CENTRE_ABOVE = 256.0
+
+
+@cute.jit
+def online_softmax_rows(s_mn: cute.Tensor, row_max: cute.Tensor, row_sum: cute.Tensor, alpha: cute.Tensor,
+                        scale_log2: Float32, threads_in_group: cutlass.Constexpr = 4):
+    """The online-softmax step of :func:`online_softmax_update` for every row of a score
+    fragment viewed as (rows, cols) (``s_mn``, overwritten with P), with tree reductions and one
+    FFMA per exponent. ``row_max`` / ``row_sum`` (this thread's partial sum) / ``alpha`` (the ratio
+    to rescale the output by) are per-row register tensors. The same contract (module docstring):
+    a row whose scores are all -inf so far takes exponents relative to 0; NaN propagates."""
+    rows = cute.size(s_mn, mode=[0])
+    cols = cute.size(s_mn, mode=[1])
+    safe = cute.make_rmem_tensor_like(row_max, Float32)
+    neg_scaled = cute.make_rmem_tensor_like(row_max, Float32)
+    centre = cutlass.Boolean(False)
+    for r in cutlass.range_constexpr(rows):
+        m = tree_reduce([s_mn[r, c] for c in range(cols)], cute.arch.fmax)
+        m = cute.arch.fmax(m, row_max[r])
+        if const_expr(threads_in_group > 1):
+            m = cute.arch.warp_reduction_max(m, threads_in_group=threads_in_group)
+        sm = Float32(0.0) if m == -Float32.inf else m
+        alpha[r] = cute.math.exp2((row_max[r] - sm) * scale_log2, fastmath=True)
+        row_max[r] = m
+        safe[r] = sm
+        neg_scaled[r] = -(sm * scale_log2)
+        centre = centre | (cute.math.absf(neg_scaled[r]) >= Float32(FFMA_CENTRE_ABOVE))
+    if cute.arch.vote_any_sync(centre):
+        for r in cutlass.range_constexpr(rows):
+            neg_scaled[r] = Float32(0.0)
+            for c in cutlass.range_constexpr(cols):
+                s_mn[r, c] = s_mn[r, c] - safe[r]
+    for r in cutlass.range_constexpr(rows):
+        for c in cutlass.range_constexpr(cols):
+            s_mn[r, c] = cute.math.exp2(cute.math.fma(s_mn[r, c], scale_log2, neg_scaled[r]), fastmath=True)
+        row_sum[r] = row_sum[r] * alpha[r] + tree_reduce([s_mn[r, c] for c in range(cols)], lambda a, b: a + b)

@@ -1,0 +1,104 @@
+"""Host side of our sm_90a 64-token forward (``kernels/cute/block_sparse_fwd64/block_sparse_fwd64_sm90``).
+
+Not a route yet: the kernel is exact on the H200 but 0.93-0.95x cuDNN BSA's blk64 forward
+(``benchmarks/results/fwd64_sm90_h200.json``), so the route table keeps cuDNN. This module is
+what the GPU tests and ``benchmarks/explore_fwd64_sm90.py`` call.
+
+:func:`sm90_fwd64` takes the library's q2k lists (``q2k_idx`` int32 ``[B, H, Qb, W]``, first
+``q2k_num`` entries selected, the rest never read; ``q2k_num`` int32 ``[B, H, Qb]``) and the kv
+block sizes (int32 ``[KVb]``, or None when every block is full), already validated by the
+library's checks, and returns ``(out, lse)``: out in the call layout (BHSD or BSHD, contiguous),
+lse natural-log fp32 ``[B, H, S_q]``. Padded K/V rows may hold anything (NaN/Inf included): the
+kernel masks them itself. :func:`sm90_fwd64_problems` says why a call cannot be served (None when
+it can), without a GPU sync.
+
+Imports torch; the CuTe DSL only when a kernel is compiled.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any, Dict, Optional, Tuple
+
+import torch
+
+from ..jit import compile_kernel
+
+__all__ = ["sm90_fwd64_problems", "sm90_fwd64", "HEAD_DIMS", "DTYPES"]
+
+CAPABILITY = (9, 0)
+BLOCK = 64
+HEAD_DIMS = (64, 128)  # the kernel module's, repeated so the predicate never imports the CuTe DSL
+DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
+BASE_ALIGN = 128
+STRIDE_ALIGN = 16
+
+_COMPILED: Dict[tuple, Any] = {}
+
+
+@functools.lru_cache(maxsize=None)
+def _capability(device_index: int) -> Tuple[int, int]:
+    return tuple(torch.cuda.get_device_capability(device_index))
+
+
+def sm90_fwd64_problems(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, bshd: bool) -> Optional[str]:
+    """None when :func:`sm90_fwd64` serves these tensors, else a one-line reason."""
+    if not q.is_cuda:
+        return "not a CUDA tensor"
+    cc = _capability(q.get_device())
+    if cc != CAPABILITY:
+        return f"compute capability {cc[0]}.{cc[1]}: the kernel is sm_90a only"
+    if q.dtype not in DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
+        return f"q/k/v must share one dtype of {sorted(str(d) for d in DTYPES)}, got {q.dtype}/{k.dtype}/{v.dtype}"
+    if q.dim() != 4 or k.shape != v.shape or q.shape[3] != k.shape[3]:
+        return "q, k, v must be 4-D with k and v of one shape and one head_dim"
+    if q.shape[3] not in HEAD_DIMS:
+        return f"head_dim {q.shape[3]}: one of {HEAD_DIMS}"
+    heads = (q.shape[2], k.shape[2]) if bshd else (q.shape[1], k.shape[1])
+    if heads[0] != heads[1]:
+        return f"{heads[0]} query heads and {heads[1]} kv heads: MHA only"
+    sq = q.shape[1] if bshd else q.shape[2]
+    if sq % BLOCK:
+        return f"q_len {sq} is not a multiple of {BLOCK}"
+    if q.numel() == 0 or k.numel() == 0:
+        return "an empty tensor"
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.data_ptr() % BASE_ALIGN:
+            return f"{name}'s base address is not {BASE_ALIGN}-byte aligned (TMA)"
+        if t.stride(-1) != 1:
+            return f"{name} has a non-unit last stride {t.stride(-1)}"
+        if any((st * t.element_size()) % STRIDE_ALIGN for st in t.stride()[:-1]):
+            return f"{name} has an outer stride that is not a multiple of {STRIDE_ALIGN} bytes (TMA)"
+    return None
+
+
+def _kernel_fn(dtype: torch.dtype, head_dim: int, has_sizes: bool):
+    key = (dtype, head_dim, has_sizes)
+    fn = _COMPILED.get(key)
+    if fn is None:
+        from ..kernels.cute.block_sparse_fwd64 import sm90_kernel
+
+        fn = _COMPILED[key] = compile_kernel(sm90_kernel(DTYPES[dtype], head_dim, has_sizes), "sm_90a")[0]
+    return fn
+
+
+def sm90_fwd64(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q2k_idx: torch.Tensor, q2k_num: torch.Tensor,
+               block_sizes: Optional[torch.Tensor], *, bshd: bool,
+               softmax_scale: Optional[float] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Our sm_90a 64-token forward: ``(out, lse)`` (module docstring). The call must pass
+    :func:`sm90_fwd64_problems`; the lists are int32 and contiguous."""
+    d = q.shape[3]
+    fn = _kernel_fn(q.dtype, d, block_sizes is not None)
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    if bshd:
+        b, sq, h = q.shape[:3]
+        qko, vp = (1, 3, 2, 0), (3, 1, 2, 0)  # BSHD -> (S, D, H, B) / (D, S, H, B)
+    else:
+        b, h, sq = q.shape[:3]
+        qko, vp = (2, 3, 1, 0), (3, 2, 1, 0)  # BHSD -> (S, D, H, B) / (D, S, H, B)
+    lse = torch.empty((b, h, sq), dtype=torch.float32, device=q.device)
+    scale = 1.0 / math.sqrt(d) if softmax_scale is None else float(softmax_scale)
+    fn(q.permute(qko), k.permute(qko), v.permute(vp), out.permute(qko), lse.permute(2, 1, 0),
+       q2k_idx.permute(3, 2, 1, 0), q2k_num.permute(2, 1, 0), block_sizes, scale)
+    return out, lse

@@ -1,0 +1,397 @@
+# SPDX-License-Identifier: Apache-2.0
+"""VSA block-sparse attention forward, 64-token blocks, on Hopper wgmma + TMA (CuTe DSL, sm_90a).
+
+What it computes: for each (64-row query tile ``i``, head ``h``, batch ``b``) the tile's
+``num[i, h, b]`` selected kv tiles ``idx[0:num, i, h, b]`` (the library's q2k lists; entries past
+the count are never read), ``out = softmax(scale * q K^T) V`` over the leading ``valid[j]`` keys
+of each selected tile ``j`` (``sizes[j]`` clamped to [0, 64], or, without sizes, the keys before
+the end of the sequence), and the natural-log LSE. Keys at or past ``valid[j]`` are padding:
+their scores are masked by a select and their V rows are zeroed in shared memory before the
+P V product, so NaN/Inf there never reaches the output (0 * NaN would). A query tile with no
+entry (or only empty tiles) gets out 0 and LSE -inf; a NaN in a visible row gives NaN out and
+NaN LSE (the sum is tested with ``l == 0``). Every query row is computed (no query-side size).
+
+How (one CTA per (query tile, head, batch), one warpgroup of 128 threads, no warp
+specialisation; the latency is hidden by three CTAs per SM, ``min_blocks_per_mp=3``):
+  - Q (64 x D) arrives once by TMA; K (64 x D) has one shared-memory slot, V two (a ring), each
+    with a TMA transaction barrier; warp 0 issues every load;
+  - step j: V[j]'s load is issued, S[j] = Q K[j]^T (wgmma, both operands from shared memory) is
+    issued, O is rescaled by the previous step's ratio and O += P[j-1] V[j-1] (wgmma, P from
+    registers) is issued behind it; when S[j] retires (``wait_group(1)``) K[j+1]'s load goes into
+    the freed slot, the keys past ``valid[j]`` are masked, the online softmax of S[j] runs while
+    P V[j-1] still computes, and after ``wait_group(0)`` S[j] becomes P[j] (bf16, in registers);
+  - a partial tile (``valid < 64``) zeroes V's padding rows in shared memory before its P V
+    (generic-proxy stores, ``fence.proxy.async`` and a CTA barrier: only on partial tiles);
+  - the epilogue normalises O, writes the LSE, stages O in Q's buffer and stores it by TMA (rows
+    past the sequence are clipped by the TMA unit).
+
+Layouts (the cuDNN-frontend blk64 entry's, so one host path serves both): q / k / out
+``(S, D, H, B)``, v ``(D, S, H, B)`` (unit stride on D, 128-byte aligned bases, every other stride
+dynamic), lse fp32 ``(S, H, B)``, idx int32 ``(W, Qb, H, B)``, num int32 ``(Qb, H, B)``, sizes int32
+``(KVb,)`` or None. head_dim 64 or 128, fp16/bf16. Shared memory: (64 D) x 4 x 2 B + barriers:
+64 KB + 32 B at D = 128, three CTAs per SM within the H200's 227 KB.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping
+
+import cuda.bindings.driver as cuda
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.memory
+import cutlass.pipeline as pipeline
+import cutlass.utils.hopper_helpers as sm90_helpers
+from cutlass import Float32, Int32, const_expr
+from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
+from quack import layout_utils
+
+from fastvideo_cute.jit import CuteKernel, fake_stream
+
+from ..common.softmax import finalize_row, mask_keys_mn, online_softmax_rows
+
+__all__ = ["BlockSparseFwd64Sm90", "BLOCK", "HEAD_DIMS", "DTYPE_NAMES", "BASE_ALIGN"]
+
+BLOCK = 64
+HEAD_DIMS = (64, 128)
+DTYPE_NAMES = ("float16", "bfloat16")
+BASE_ALIGN = 128
+THREADS = 128
+V_STAGES = 2
+CTAS_PER_SM = 3
+PV_STEP = 16  # keys per wgmma k-step of P V
+_CUTE_DTYPES = {"float16": cutlass.Float16, "bfloat16": cutlass.BFloat16}
+
+
+class BlockSparseFwd64Sm90(CuteKernel):
+    """The sm_90a 64-token forward (module docstring). Called (compiled) as
+    ``fn(q, k, v, out, lse, idx, num, sizes, softmax_scale)`` with the permuted torch views."""
+
+    name = "block_sparse_fwd64_sm90"
+
+    def __init__(self, dtype: str = "bfloat16", head_dim: int = 128, *, has_block_sizes: bool = True):
+        if dtype not in DTYPE_NAMES:
+            raise ValueError(f"dtype must be one of {DTYPE_NAMES}, got {dtype!r}")
+        if head_dim not in HEAD_DIMS:
+            raise ValueError(f"head_dim must be one of {HEAD_DIMS}, got {head_dim!r}")
+        self.dtype_name = dtype
+        self.head_dim = int(head_dim)
+        self.has_block_sizes = bool(has_block_sizes)
+
+    def config(self) -> Mapping[str, Any]:
+        return {"dtype": self.dtype_name, "head_dim": self.head_dim, "has_block_sizes": self.has_block_sizes}
+
+    def fake_args(self) -> tuple:
+        dt = _CUTE_DTYPES[self.dtype_name]
+        b, h, sq, skv, qb, width, kvb = (cute.sym_int32() for _ in range(7))
+
+        def tensor(dtype, shape, unit: int, align: int):
+            stride = tuple(1 if i == unit else cute.sym_int64() for i in range(len(shape)))
+            return cute.runtime.make_fake_tensor(dtype, shape, stride=stride, assumed_align=align)
+
+        d = self.head_dim
+        q = tensor(dt, (sq, d, h, b), 1, BASE_ALIGN)
+        k = tensor(dt, (skv, d, h, b), 1, BASE_ALIGN)
+        v = tensor(dt, (d, skv, h, b), 0, BASE_ALIGN)
+        out = tensor(dt, (sq, d, h, b), 1, BASE_ALIGN)
+        lse = tensor(Float32, (sq, h, b), 0, 4)
+        idx = tensor(Int32, (width, qb, h, b), 0, 4)
+        num = tensor(Int32, (qb, h, b), 0, 4)
+        sizes = tensor(Int32, (kvb,), 0, 4) if self.has_block_sizes else None
+        return (q, k, v, out, lse, idx, num, sizes, Float32(1.0), fake_stream())
+
+    # ------------------------------------------------------------------ host side
+    @cute.jit
+    def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
+                 mIdx: cute.Tensor, mNum: cute.Tensor, mSizes, softmax_scale: Float32, stream: cuda.CUstream):
+        d = self.head_dim
+        dt = _CUTE_DTYPES[self.dtype_name]
+
+        def static_dim(t: cute.Tensor, mode: int) -> cute.Tensor:
+            shape = tuple(d if i == mode else t.shape[i] for i in range(4))
+            return cute.make_tensor(t.iterator, cute.make_layout(shape, stride=t.stride))
+
+        mQ, mK, mO, mV = static_dim(mQ, 1), static_dim(mK, 1), static_dim(mO, 1), static_dim(mV, 0)
+
+        k_atom = warpgroup.make_smem_layout_atom(warpgroup.SmemLayoutAtomKind.K_SW128, dt)
+        mn_atom = warpgroup.make_smem_layout_atom(warpgroup.SmemLayoutAtomKind.MN_SW128, dt)
+        sQ_layout = cute.tile_to_shape(k_atom, (BLOCK, d), order=(0, 1))
+        sK_layout = cute.tile_to_shape(k_atom, (BLOCK, d), order=(0, 1))
+        sV_layout = cute.tile_to_shape(mn_atom, (d, BLOCK, V_STAGES), order=(1, 0, 2))
+        sV_one = cute.slice_(sV_layout, (None, None, 0))
+
+        g2s = cpasync.CopyBulkTensorTileG2SOp()
+        tma_atom_Q, tma_Q = cpasync.make_tiled_tma_atom(g2s, mQ, sQ_layout, (BLOCK, d))
+        tma_atom_K, tma_K = cpasync.make_tiled_tma_atom(g2s, mK, sK_layout, (BLOCK, d))
+        tma_atom_V, tma_V = cpasync.make_tiled_tma_atom(g2s, mV, sV_one, (d, BLOCK))
+        tma_atom_O, tma_O = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileS2GOp(), mO, sQ_layout, (BLOCK, d))
+
+        mma_qk = sm90_helpers.make_trivial_tiled_mma(dt, dt, OperandMajorMode.K, OperandMajorMode.K, Float32,
+                                                     (1, 1, 1), tiler_mn=(BLOCK, BLOCK))
+        mma_pv = sm90_helpers.make_trivial_tiled_mma(dt, dt, OperandMajorMode.K, OperandMajorMode.MN, Float32,
+                                                     (1, 1, 1), tiler_mn=(BLOCK, d),
+                                                     a_source=warpgroup.OperandSource.RMEM)
+
+        @cute.struct
+        class SharedStorage:
+            bar_q: cute.struct.MemRange[cutlass.Int64, 1]
+            bar_k: cute.struct.MemRange[cutlass.Int64, 1]
+            bar_v: cute.struct.MemRange[cutlass.Int64, V_STAGES]
+            sQ: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sQ_layout)], 1024]
+            sK: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sK_layout)], 1024]
+            sV: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sV_layout)], 1024]
+
+        scale_log2 = softmax_scale * Float32(math.log2(math.e))
+        grid = (cute.ceil_div(mQ.shape[0], BLOCK), mQ.shape[2], mQ.shape[3])
+        sizes = mSizes if const_expr(self.has_block_sizes) else mNum  # a placeholder never read
+        self.kernel(
+            tma_atom_Q, tma_Q, tma_atom_K, tma_K, tma_atom_V, tma_V, tma_atom_O, tma_O, mLSE, mIdx, mNum, sizes,
+            sQ_layout, sK_layout, sV_layout, mma_qk, mma_pv, scale_log2, SharedStorage,
+        ).launch(grid=grid, block=(THREADS, 1, 1), smem=SharedStorage.size_in_bytes(), stream=stream,
+                 # three CTAs per SM: ptxas caps a thread at 65536 / 384 registers; the full
+                 # shared-memory carveout is asked for explicitly (it also keeps the build free of
+                 # the device query the DSL makes otherwise, so it cross-compiles without a GPU)
+                 min_blocks_per_mp=CTAS_PER_SM, preferred_smem_carveout=100)
+
+    # ------------------------------------------------------------------ device side
+    @cute.jit
+    def tile_keys(self, mSizes, n: Int32, seqlen_k: Int32) -> Int32:
+        """Valid leading keys of kv tile ``n``, in [0, 64]."""
+        keys = cutlass.min(seqlen_k - n * BLOCK, Int32(BLOCK))
+        if const_expr(self.has_block_sizes):
+            keys = cutlass.min(cutlass.max(mSizes[n], Int32(0)), keys)
+        return cutlass.max(keys, Int32(0))
+
+    @cute.jit
+    def zero_v_padding(self, sV: cute.Tensor, slot: Int32, keys: Int32, tidx: Int32):
+        """V rows (keys) ``keys .. ceil16(keys) - 1`` of ring slot ``slot`` -> 0, visible to the next
+        wgmma (the P V steps past ``ceil16(keys)`` are not issued, so those rows are never read):
+        16-byte stores (8 elements of one key along D, contiguous under the 128-byte swizzle)."""
+        dt = _CUTE_DTYPES[self.dtype_name]
+        vec = 8
+        chunks = self.head_dim // vec
+        keys_per_pass = THREADS // chunks
+        zero = cute.make_rmem_tensor((vec, 1), dt)
+        zero.fill(0.0)
+        sV_slot = sV[None, None, slot]
+        store = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dt, num_bits_per_copy=128)
+        c = tidx % chunks
+        k0 = tidx // chunks
+        end = (keys + PV_STEP - 1) // PV_STEP * PV_STEP
+        for i in cutlass.range_constexpr(BLOCK // keys_per_pass):
+            key = k0 + i * keys_per_pass
+            if key >= keys and key < end:
+                cute.copy(store, zero, cute.local_tile(sV_slot, (vec, 1), (c, key)))
+        cute.arch.fence_proxy("async.shared", space="cta")
+        cute.arch.barrier()
+
+    @cute.kernel
+    def kernel(self, tma_atom_Q: cute.CopyAtom, mQ: cute.Tensor, tma_atom_K: cute.CopyAtom, mK: cute.Tensor,
+               tma_atom_V: cute.CopyAtom, mV: cute.Tensor, tma_atom_O: cute.CopyAtom, mO: cute.Tensor,
+               mLSE: cute.Tensor, mIdx: cute.Tensor, mNum: cute.Tensor, mSizes,
+               sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout, sV_layout: cute.ComposedLayout,
+               mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, scale_log2: Float32,
+               SharedStorage: cutlass.Constexpr):
+        d = self.head_dim
+        dt = _CUTE_DTYPES[self.dtype_name]
+        tidx, _, _ = cute.arch.thread_idx()
+        qt, h, b = cute.arch.block_idx()
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        seqlen_q = mQ.shape[0]
+        seqlen_k = mK.shape[0]
+        width = mIdx.shape[0]
+        tx = {"q": cute.size_in_bytes(dt, sQ_layout), "k": cute.size_in_bytes(dt, sK_layout),
+              "v": cute.size_in_bytes(dt, cute.slice_(sV_layout, (None, None, 0)))}
+
+        if warp_idx == 0:
+            for atom in (tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_O):
+                cpasync.prefetch_descriptor(atom)
+
+        storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
+        tma_op = pipeline.PipelineOp.TmaLoad
+        one = pipeline.CooperativeGroup(pipeline.Agent.Thread)
+        bar_q = pipeline.MbarrierArray(storage.bar_q.data_ptr(), num_stages=1, agent=(tma_op, one))
+        bar_k = pipeline.MbarrierArray(storage.bar_k.data_ptr(), num_stages=1, agent=(tma_op, one))
+        bar_v = pipeline.MbarrierArray(storage.bar_v.data_ptr(), num_stages=V_STAGES, agent=(tma_op, one))
+        cute.arch.mbarrier_init_fence()
+
+        sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
+        sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
+        sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
+
+        gQ = cute.local_tile(mQ[None, None, h, b], (BLOCK, d), (qt, 0))
+        gK = cute.local_tile(mK[None, None, h, b], (BLOCK, d), (None, 0))  # (64, D, kv tiles)
+        gV = cute.local_tile(mV[None, None, h, b], (d, BLOCK), (0, None))  # (D, 64, kv tiles)
+        gO = cute.local_tile(mO[None, None, h, b], (BLOCK, d), (qt, 0))
+        unit = cute.make_layout(1)
+        tQsQ, tQgQ = cpasync.tma_partition(tma_atom_Q, 0, unit, cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2))
+        tKsK, tKgK = cpasync.tma_partition(tma_atom_K, 0, unit, cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2))
+        tVsV, tVgV = cpasync.tma_partition(tma_atom_V, 0, unit, cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2))
+
+        thr_qk = mma_qk.get_slice(tidx)
+        thr_pv = mma_pv.get_slice(tidx)
+        tSrQ = thr_qk.make_fragment_A(thr_qk.partition_A(sQ))
+        tSrK = thr_qk.make_fragment_B(thr_qk.partition_B(sK))
+        tOrV = thr_pv.make_fragment_B(thr_pv.partition_B(sV))  # (..., V_STAGES)
+        acc_S = cute.make_rmem_tensor(thr_qk.partition_shape_C((BLOCK, BLOCK)), Float32)
+        acc_O = cute.make_rmem_tensor(thr_pv.partition_shape_C((BLOCK, d)), Float32)
+        acc_O.fill(0.0)
+        tScS = layout_utils.reshape_acc_to_mn(thr_qk.partition_C(cute.make_identity_tensor((BLOCK, BLOCK))))
+        tP_view = layout_utils.reshape_acc_to_frgA(acc_S)
+        rP = cute.make_rmem_tensor_like(tP_view, dt)
+        acc_S_mn = layout_utils.reshape_acc_to_mn(acc_S)
+        acc_O_mn = layout_utils.reshape_acc_to_mn(acc_O)
+        num_rows = cute.size(acc_O_mn, mode=[0])
+        row_max = cute.make_rmem_tensor((num_rows,), Float32)
+        row_sum = cute.make_rmem_tensor((num_rows,), Float32)
+        alpha = cute.make_rmem_tensor((num_rows,), Float32)
+        row_max.fill(-Float32.inf)
+        row_sum.fill(0.0)
+        alpha.fill(1.0)
+
+        cute.arch.barrier()  # barrier initialisation visible to every waiting thread
+        # Q does not depend on the list: its load goes out before the count and the first entry
+        # (read unconditionally: the list is at least one entry wide) come back.
+        if warp_idx == 0:
+            bar_q.arrive_and_expect_tx(0, tx["q"])
+            cute.copy(tma_atom_Q, tQgQ, tQsQ, tma_bar_ptr=bar_q.get_barrier(0))
+        gIdx = mIdx[None, qt, h, b]
+        n_cur = gIdx[0]
+        count = cutlass.min(cutlass.max(mNum[qt, h, b], Int32(0)), width)
+
+        if count > 0:
+            if warp_idx == 0:
+                bar_k.arrive_and_expect_tx(0, tx["k"])
+                cute.copy(tma_atom_K, tKgK[None, n_cur], tKsK, tma_bar_ptr=bar_k.get_barrier(0))
+                bar_v.arrive_and_expect_tx(0, tx["v"])
+                cute.copy(tma_atom_V, tVgV[None, n_cur], tVsV[None, 0], tma_bar_ptr=bar_v.get_barrier(0))
+            n_next = Int32(0)
+            if count > 1:
+                n_next = gIdx[1]
+            keys_cur = self.tile_keys(mSizes, n_cur, seqlen_k)
+
+            # ---- step 0: S[0], no P V yet
+            bar_k.wait(0, 0)
+            bar_q.wait(0, 0)
+            self.gemm(mma_qk, acc_S, tSrQ, tSrK, zero_init=True)
+            warpgroup.wait_group(0)
+            if warp_idx == 0 and count > 1:
+                bar_k.arrive_and_expect_tx(0, tx["k"])
+                cute.copy(tma_atom_K, tKgK[None, n_next], tKsK, tma_bar_ptr=bar_k.get_barrier(0))
+            self.softmax(acc_S, acc_S_mn, tScS, keys_cur, row_max, row_sum, alpha, scale_log2)
+            rP.store(tP_view.load().to(dt))
+            keys_prev = keys_cur
+
+            # ---- steps 1 .. count-1: S[j] in flight with P V[j-1]
+            for j in cutlass.range(1, count, unroll=1):
+                n_cur = n_next
+                if j + 1 < count:
+                    n_next = gIdx[j + 1]
+                keys_cur = self.tile_keys(mSizes, n_cur, seqlen_k)
+                slot = j % V_STAGES
+                if warp_idx == 0:
+                    bar_v.arrive_and_expect_tx(slot, tx["v"])
+                    cute.copy(tma_atom_V, tVgV[None, n_cur], tVsV[None, slot], tma_bar_ptr=bar_v.get_barrier(slot))
+                bar_k.wait(0, j % 2)
+                self.gemm(mma_qk, acc_S, tSrQ, tSrK, zero_init=True)
+                self.rescale_o(acc_O_mn, alpha, num_rows)
+                prev = (j - 1) % V_STAGES
+                bar_v.wait(prev, ((j - 1) // V_STAGES) % 2)
+                if keys_prev % PV_STEP != 0:
+                    self.zero_v_padding(sV, prev, keys_prev, tidx)
+                self.gemm_pv(mma_pv, acc_O, rP, tOrV[None, None, None, prev], keys_prev)
+                warpgroup.wait_group(1)  # S[j] retired; P V[j-1] may still run
+                if warp_idx == 0 and j + 1 < count:
+                    bar_k.arrive_and_expect_tx(0, tx["k"])
+                    cute.copy(tma_atom_K, tKgK[None, n_next], tKsK, tma_bar_ptr=bar_k.get_barrier(0))
+                self.softmax(acc_S, acc_S_mn, tScS, keys_cur, row_max, row_sum, alpha, scale_log2)
+                warpgroup.wait_group(0)  # P V[j-1] retired: P's registers are free
+                rP.store(tP_view.load().to(dt))
+                keys_prev = keys_cur
+
+            # ---- drain: P V[count-1]
+            last = (count - 1) % V_STAGES
+            self.rescale_o(acc_O_mn, alpha, num_rows)
+            bar_v.wait(last, ((count - 1) // V_STAGES) % 2)
+            if keys_prev % PV_STEP != 0:
+                self.zero_v_padding(sV, last, keys_prev, tidx)
+            self.gemm_pv(mma_pv, acc_O, rP, tOrV[None, None, None, last], keys_prev)
+            warpgroup.wait_group(0)
+
+        else:
+            bar_q.wait(0, 0)  # Q landed before its buffer takes O
+
+        # ---- epilogue: normalise, LSE, O through Q's buffer by TMA
+        tOcO_mn = layout_utils.reshape_acc_to_mn(thr_pv.partition_C(cute.make_identity_tensor((BLOCK, d))))
+        for r in cutlass.range_constexpr(num_rows):
+            total = cute.arch.warp_reduction_sum(row_sum[r], threads_in_group=4)
+            inv, lse, empty = finalize_row(row_max[r], total, scale_log2)
+            for c in cutlass.range_constexpr(cute.size(acc_O_mn, mode=[1])):
+                acc_O_mn[r, c] = Float32(0.0) if empty else acc_O_mn[r, c] * inv
+            row = qt * BLOCK + tOcO_mn[r, 0][0]
+            if tOcO_mn[r, 0][1] == 0 and row < seqlen_q:
+                mLSE[row, h, b] = lse
+        rO = cute.make_rmem_tensor_like(acc_O, dt)
+        rO.store(acc_O.load().to(dt))
+        cute.arch.barrier()  # every warp's wgmma reads of Q are done before Q's buffer takes O
+        sO = sQ
+        st_atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dt, num_bits_per_copy=32)
+        thr_copy_O = cute.make_tiled_copy_C(st_atom, mma_pv).get_slice(tidx)
+        cute.copy(thr_copy_O, thr_copy_O.retile(rO), thr_copy_O.partition_D(sO))
+        cute.arch.fence_proxy("async.shared", space="cta")
+        cute.arch.barrier()
+        if warp_idx == 0:
+            tOsO, tOgO = cpasync.tma_partition(tma_atom_O, 0, unit, cute.group_modes(sO, 0, 2),
+                                               cute.group_modes(gO, 0, 2))
+            cute.copy(tma_atom_O, tOsO, tOgO)
+            cute.arch.cp_async_bulk_commit_group()
+            cute.arch.cp_async_bulk_wait_group(0, read=True)
+
+    @cute.jit
+    def gemm(self, tiled_mma: cute.TiledMma, acc: cute.Tensor, tCrA: cute.Tensor, tCrB: cute.Tensor,
+             zero_init: cutlass.Constexpr[bool]):
+        """One wgmma group over the k-blocks (issued and committed; the caller waits)."""
+        warpgroup.fence()
+        atom = cute.make_mma_atom(tiled_mma.op)
+        atom.set(warpgroup.Field.ACCUMULATE, not zero_init)
+        for k in cutlass.range_constexpr(cute.size(tCrA.shape[2])):
+            cute.gemm(atom, acc, tCrA[None, None, k], tCrB[None, None, k], acc)
+            atom.set(warpgroup.Field.ACCUMULATE, True)
+        warpgroup.commit_group()
+
+    @cute.jit
+    def gemm_pv(self, tiled_mma: cute.TiledMma, acc: cute.Tensor, rP: cute.Tensor, tOrV: cute.Tensor, keys: Int32):
+        """O += P V over the k-steps (16 keys each) that hold a valid key. A full tile issues the
+        four k-steps as one group; a partial one branches per k-step (uniform over the
+        warpgroup), which ptxas serialises, so only partial tiles pay for it."""
+        if keys == BLOCK:
+            self.gemm(tiled_mma, acc, rP, tOrV, zero_init=False)
+        else:
+            self.gemm_partial(tiled_mma, acc, rP, tOrV, keys)
+
+    @cute.jit
+    def gemm_partial(self, tiled_mma: cute.TiledMma, acc: cute.Tensor, rP: cute.Tensor, tOrV: cute.Tensor,
+                     keys: Int32):
+        warpgroup.fence()
+        atom = cute.make_mma_atom(tiled_mma.op)
+        atom.set(warpgroup.Field.ACCUMULATE, True)
+        for k in cutlass.range_constexpr(cute.size(rP.shape[2])):
+            if k * PV_STEP < keys:
+                cute.gemm(atom, acc, rP[None, None, k], tOrV[None, None, k], acc)
+        warpgroup.commit_group()
+
+    @cute.jit
+    def rescale_o(self, acc_O_mn: cute.Tensor, alpha: cute.Tensor, num_rows: cutlass.Constexpr):
+        for r in cutlass.range_constexpr(num_rows):
+            acc_O_mn[r, None].store(acc_O_mn[r, None].load() * alpha[r])
+
+    @cute.jit
+    def softmax(self, acc_S: cute.Tensor, acc_S_mn: cute.Tensor, tScS: cute.Tensor, keys: Int32,
+                row_max: cute.Tensor, row_sum: cute.Tensor, alpha: cute.Tensor, scale_log2: Float32):
+        """Mask keys past ``keys`` (a select), then the online softmax of S in place (P there);
+        ``alpha`` gets each row's ratio for the next O rescale. A row spans 4 lanes."""
+        if keys < BLOCK:
+            mask_keys_mn(acc_S_mn, tScS, keys)
+        online_softmax_rows(acc_S_mn, row_max, row_sum, alpha, scale_log2, threads_in_group=4)

@@ -1,0 +1,64 @@
+"""CPU checks of our Hopper 64-token forward (``block_sparse_fwd64_sm90``: wgmma + TMA, sm_90a).
+
+Cross-compiles the kernel for sm_90a through the shared session fixture (``conftest.kernel_report``)
+and checks the SASS: wgmma (HGMMA 64x64x16 for S = Q K^T, 64x128x16 for O += P V), TMA loads, no
+mma.sync or tcgen05; registers within the three-CTAs-per-SM budget (65536 / 384 threads; ptxas
+caps at 168), no spill. Whether it is *correct* is checked on the H200:
+tests/kernels/cute/test_block_sparse_fwd64_sm90_gpu.py.
+"""
+
+import re
+
+import pytest
+import torch
+
+from fastvideo_cute.compile_check import build_report, sass_is_for_arch
+from fastvideo_cute.kernels.cute import find
+
+pytest.importorskip("cutlass")
+
+NAME = "block_sparse_fwd64_sm90"
+
+
+def test_compile_check_passes(kernel_report):
+    report = kernel_report(NAME, "sm_90a")
+    print(report.line)
+    assert report.ok and report.line.endswith(" OK"), report.line
+    # Measured 138 registers with nvidia-cutlass-dsl 4.8.1 (cap 168 for three 128-thread CTAs).
+    assert report.regs <= 168, report.line
+    assert report.spill == 0, report.line
+
+
+def test_sass_uses_wgmma_and_tma(kernel_report):
+    report = kernel_report(NAME, "sm_90a")
+    assert sass_is_for_arch(report.sass, "sm_90a")
+    shapes = re.findall(r"HGMMA\.(\d+x\d+x\d+)\.F32", report.sass)
+    # S = Q K^T: D/16 = 8 k-steps, at two sites (the first step and the loop).
+    assert shapes.count("64x64x16") == 16
+    # O += P V: 4 k-steps at two sites (loop, drain), each as a full-tile group and a partial path.
+    assert shapes.count("64x128x16") >= 8
+    assert report.count("UTMALDG") >= 4  # Q, K (two issue sites), V
+    assert report.count("HMMA") == 0 and report.count("UTCHMMA") == 0
+
+
+def test_other_archs_are_not_targeted():
+    assert "skipped (not targeted" in build_report(find(NAME), "sm_100a").line
+
+
+def test_bad_configuration_is_refused():
+    from fastvideo_cute.kernels.cute.block_sparse_fwd64 import sm90_kernel_class
+
+    cls = sm90_kernel_class()
+    with pytest.raises(ValueError, match="dtype"):
+        cls("float32", 128)
+    with pytest.raises(ValueError, match="head_dim"):
+        cls("bfloat16", 96)
+    assert cls("float16", 64, has_block_sizes=False).config() == {
+        "dtype": "float16", "head_dim": 64, "has_block_sizes": False}
+
+
+def test_predicate_refuses_cpu_tensors_with_a_reason():
+    from fastvideo_cute.adapters.cute_sm90_fwd64 import sm90_fwd64_problems
+
+    q = torch.zeros(1, 2, 128, 128, dtype=torch.bfloat16)
+    assert sm90_fwd64_problems(q, q, q, bshd=False) == "not a CUDA tensor"

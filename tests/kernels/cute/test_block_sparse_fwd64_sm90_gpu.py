@@ -1,0 +1,117 @@
+"""Our Hopper 64-token forward (``block_sparse_fwd64_sm90``) on an sm_90 GPU, against the fp32
+reference (``fastvideo_cute.reference.block_sparse_attn_reference``).
+
+Cases: BHSD and BSHD, B = 2, q_len != kv_len, ragged kv sizes (0, 17, 41: not multiples of the
+16-key P V step, so the in-kernel zeroing runs; 16, 32: the skipped-step path), an empty kv block
+selected by every row, a query tile with no entry (out 0, LSE -inf), NaN in padded K and Inf in
+padded V (must not leak), a NaN in a visible q row (NaN out and LSE), fp16 and bf16, head_dim 64
+and 128, with and without sizes; and a 65,536-token run-to-run check (bitwise equal).
+
+Tolerances: measured on the H200 (2026-12-01) max |out - ref| 1.3e-3 to 6.8e-3 (bf16 out: half an
+ulp at |out| ~ 2 is 7.8e-3), max |lse - ref| 9.5e-7; asserted at 1.6e-2 (bf16) / 2e-3 (fp16) for
+out and 1e-4 for the LSE.
+"""
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+
+if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+    pytest.skip("needs an sm_90 GPU", allow_module_level=True)
+pytest.importorskip("cutlass")
+
+from fastvideo_cute import reference  # noqa: E402
+from fastvideo_cute.adapters.cute_sm90_fwd64 import sm90_fwd64, sm90_fwd64_problems  # noqa: E402
+from fastvideo_cute.metadata import map_to_index  # noqa: E402
+
+OUT_TOL = {torch.bfloat16: 1.6e-2, torch.float16: 2e-3}
+
+
+def _case(bshd, B, H, SQ, SK, D, dtype, sizes_vals, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    shp = (lambda s: (B, s, H, D)) if bshd else (lambda s: (B, H, s, D))
+    q = torch.randn(shp(SQ), device="cuda", dtype=dtype, generator=g)
+    k, v = (torch.randn(shp(SK), device="cuda", dtype=dtype, generator=g) for _ in range(2))
+    qb, kb = SQ // 64, SK // 64
+    bm = torch.rand(B, H, qb, kb, device="cuda", generator=g) < 0.35
+    sizes = torch.full((kb,), 64, dtype=torch.int32, device="cuda")
+    for i, s in sizes_vals.items():
+        sizes[i] = s
+    bm[..., 2] = True  # an empty block (size 0 below) selected by every row
+    bm[0, 0, 1] = False  # a query tile with no entry
+    return q, k, v, bm, sizes
+
+
+def _poison_padding(x, sizes, bshd, value):
+    pad = (torch.arange(x.shape[1 if bshd else 2], device="cuda") % 64) >= sizes.repeat_interleave(64)
+    if bshd:
+        x[:, pad] = value
+    else:
+        x[:, :, pad] = value
+
+
+def _run(q, k, v, bm, sizes, bshd, with_sizes=True):
+    assert sm90_fwd64_problems(q, k, v, bshd=bshd) is None
+    idx, num = map_to_index(bm)
+    return sm90_fwd64(q, k, v, idx.to(torch.int32).contiguous(), num.to(torch.int32).contiguous(),
+                      sizes if with_sizes else None, bshd=bshd)
+
+
+def _bhsd(x, bshd):
+    return x.transpose(1, 2) if bshd else x
+
+
+@pytest.mark.parametrize("bshd", [False, True], ids=["bhsd", "bshd"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("shape", [(2, 3, 1024, 1024, 128), (1, 2, 512, 1280, 128), (2, 2, 768, 768, 64)],
+                         ids=["B2-square", "q_ne_kv", "d64"])
+def test_matches_reference_with_poisoned_padding(bshd, dtype, shape):
+    B, H, SQ, SK, D = shape
+    q, k, v, bm, sizes = _case(bshd, B, H, SQ, SK, D, dtype, {2: 0, 5: 17, 6: 16, 7: 32, SK // 64 - 1: 41})
+    _poison_padding(k, sizes, bshd, float("nan"))
+    _poison_padding(v, sizes, bshd, float("inf"))
+    out, lse = _run(q, k, v, bm, sizes, bshd)
+    ro, rl = reference.block_sparse_attn_reference(*(_bhsd(t, bshd).float() for t in (q, k, v)), bm, sizes, 64)
+    o = _bhsd(out, bshd).float()
+    assert torch.isfinite(o).all()
+    assert (o - ro).abs().max() <= OUT_TOL[dtype]
+    finite = torch.isfinite(rl)
+    assert torch.equal(torch.isneginf(lse), torch.isneginf(rl))
+    assert (lse - rl)[finite].abs().max() <= 1e-4
+    # the query tile with no entry: exactly 0 and -inf
+    assert (o[0, 0, 64:128] == 0).all() and torch.isneginf(lse[0, 0, 64:128]).all()
+
+
+@pytest.mark.parametrize("bshd", [False, True], ids=["bhsd", "bshd"])
+def test_without_sizes_every_block_full(bshd):
+    q, k, v, bm, sizes = _case(bshd, 1, 2, 512, 512, 128, torch.bfloat16, {})
+    out, lse = _run(q, k, v, bm, sizes, bshd, with_sizes=False)
+    ro, rl = reference.block_sparse_attn_reference(*(_bhsd(t, bshd).float() for t in (q, k, v)), bm, sizes, 64)
+    assert (_bhsd(out, bshd).float() - ro).abs().max() <= OUT_TOL[torch.bfloat16]
+    finite = torch.isfinite(rl)
+    assert (lse - rl)[finite].abs().max() <= 1e-4
+
+
+def test_nan_in_a_visible_query_row_propagates():
+    q, k, v, bm, sizes = _case(False, 1, 1, 256, 256, 128, torch.bfloat16, {})
+    bm[0, 0, 0] = True
+    q[0, 0, 3, 7] = float("nan")
+    out, lse = _run(q, k, v, bm, sizes, False)
+    assert torch.isnan(out[0, 0, 3]).all() and torch.isnan(lse[0, 0, 3])
+    assert torch.isfinite(out[0, 0, 4]).all()
+
+
+def test_65536_tokens_run_to_run_bitwise():
+    g = torch.Generator(device="cuda").manual_seed(3)
+    B, H, S, D = 1, 4, 65536, 128
+    q, k, v = (torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
+    kb = S // 64
+    scores = torch.rand(B, H, kb, kb, device="cuda", generator=g)
+    bm = torch.zeros(B, H, kb, kb, dtype=torch.bool, device="cuda")
+    bm.scatter_(-1, scores.topk(kb // 8, dim=-1).indices, True)
+    sizes = torch.full((kb,), 64, dtype=torch.int32, device="cuda")
+    a = _run(q, k, v, bm, sizes, True)
+    b = _run(q, k, v, bm, sizes, True)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    assert torch.isfinite(a[0]).all()
