@@ -4,16 +4,18 @@
 The four Triton glue kernels of ``video_sparse_attn``'s forward (``fastvideo_cute/kernels/triton/``):
 
   compress  vsa_compress_fwd  (block means of q, k, v)       config=  mode / evict_first / block_t / num_warps
-  coarse    vsa_select_fwd    (coarse attention + scores)    tiles= / num_stages= / kv_splits=
+  coarse    vsa_select_fwd    (coarse attention + scores)    tiles= / num_stages= / kv_splits=;
+                                                             coarse_variant="twophase" + phase_tiles=
   topk      vsa_topk          (exact top-k -> q2k lists)     variant=
   gate      vsa_gate_fwd      (out = out_s + gate * out_c)   config=  block_t / num_warps / evict_first
 
 Inputs are built as the library builds them (``fastvideo_cute.to_tiles`` of random raster bf16
 q/k/v/gate on the preset's latent grid, ``variable_block_sizes`` for the partial edge tiles, the
 sizes the library passes), in BHSD and BSHD for compress and gate. Cases: Wan2.1-1.3B 480p
-(H=12, 624 blocks) at 87.5 % (topk 78) and 90 % (topk 63) sparsity, Wan2.1-14B 720p (H=40) at
-87.5 %. Every variant is timed with ``triton.testing.do_bench`` (CUDA events, median, L2 flushed
-between runs) and checked on the GPU against the current default's output of the same run:
+(H=12, 624 blocks) at 87.5 % (topk 78) and 90 % (topk 63) sparsity, Wan2.1-14B 720p (H=40) and
+HunyuanVideo 720p (H=24, 2160 blocks) at 87.5 %. Every variant is timed with
+``triton.testing.do_bench`` (CUDA events, median, L2 flushed between runs) and checked on the
+GPU against the current default's output of the same run:
 
   compress, gate, topk   bitwise (``torch.equal``; top-k: the same index lists and counts)
   coarse                 the same top-k lists (bitwise), scores / lse within atol = rtol = 1e-4
@@ -23,10 +25,11 @@ between runs) and checked on the GPU against the current default's output of the
                          reported beside it
 
 The coarse variants are timed as the whole ``vsa_select_fwd`` call (coarse kernel, the combine
-when split, and the default top-k, whose own time is in the topk table). A failing variant
-(compile error, out of shared memory, mismatch) is recorded with its reason; the sweep goes on.
-The winner of a (case, kernel, layout) is the fastest variant that passed; the default's time
-is in the same table, so ``speedup = default_us / us`` compares within one run.
+when split, and the default top-k, whose own time is in the topk table); ``COARSE2_VARIANTS``
+(the two-phase coarse forward, ``coarse_variant="twophase"``) the same way, in the same table.
+A failing variant (compile error, out of shared memory, mismatch) is recorded with its reason;
+the sweep goes on. The winner of a (case, kernel, layout) is the fastest variant that passed;
+the default's time is in the same table, so ``speedup = default_us / us`` compares within one run.
 
   python benchmarks/bench_glue.py --out benchmarks/results/glue_h200.json
   python benchmarks/bench_glue.py --smoke        # CPU (Triton interpreter), tiny grid: checks only
@@ -78,14 +81,31 @@ COARSE_VARIANTS = [
     ("64x64w4-st2-split2", (64, 64, None, 4), 2, 2),
     ("64x32w8-split2", (64, 32, None, 8), 2, 2),
 ]
+# Two-phase coarse forward (vsa_select_fwd(coarse_variant="twophase"), kernels/triton/vsa_coarse_fwd2.py),
+# timed and checked like COARSE_VARIANTS against the one-pass default: (name, phase_tiles), phase_tiles =
+# (phase-1 cfg, phase-2 cfg), cfg = (BLOCK_Q, BLOCK_KV, BLOCK_D, num_warps[, num_stages]) with None for a
+# default, or None (coarse_fwd2_tiles: 64x64 w4 / 64x64, 64 D lanes, w4, 3 stages). Phase-2 BLOCK_D < D
+# splits D over programs.
+COARSE2_VARIANTS = [
+    ("2p-default", None),
+    ("2p-p1-128x64w8", ((128, 64, None, 8), None)),
+    ("2p-p1-64x128w4", ((64, 128, None, 4), None)),
+    ("2p-p1-128x128w8", ((128, 128, None, 8), None)),
+    ("2p-p2-64x64d128w4-st2", (None, (64, 64, 128, 4, 2))),
+    ("2p-p2-128x64d64w8", (None, (128, 64, 64, 8, 3))),
+    ("2p-p2-64x128d64w4-st2", (None, (64, 128, 64, 4, 2))),
+    ("2p-p2-64x32d64w4-st4", (None, (64, 32, 64, 4, 4))),
+    ("2p-p2-64x64d32w4", (None, (64, 64, 32, 4, 3))),
+]
 TOPK_VARIANTS = ["search32", "rows1w1", "rows1w1x", "rows2w1x", "rows4w1x", "rows2w2x", "rows4w4x", "rows8w4x",
-                 "rows8w8x"]
+                 "rows8w8x", "bisectw1", "bisectw2", "bisectw4", "radixw1x", "radixw4x"]
 
 # (name, preset, sparsity); tiles of 64 tokens (4x4x4), as the e2e benchmark's default
 CASES = [
     ("wan1.3b-480p-s875", "wan2.1-1.3b-480p", 0.875),
     ("wan1.3b-480p-s90", "wan2.1-1.3b-480p", 0.90),
     ("wan14b-720p-s875", "wan2.1-14b-720p", 0.875),
+    ("hunyuan-720p-s875", "hunyuanvideo-720p", 0.875),
 ]
 
 # coarse tolerance vs the default (see the module docstring)
@@ -240,6 +260,7 @@ class Sweep:
 
     def coarse_and_topk(self, c, means, do_coarse, do_topk):
         torch = self.torch
+        from fastvideo_cute.kernels.triton.vsa_coarse_fwd2 import coarse_fwd2_scratch_numel
         from fastvideo_cute.kernels.triton.vsa_select import (coarse_split_scratch_numel, vsa_select_fwd,
                                                               vsa_topk)
 
@@ -256,12 +277,21 @@ class Sweep:
         scores = torch.empty(b, h, qb, kvb, device=dev) if k < kvb else None
         max_splits = max(s for *_, s in COARSE_VARIANTS)
         scratch = torch.empty(coarse_split_scratch_numel(b, h, qb, d, max_splits), device=dev)
+        # two-phase: the scores buffer also when k == KVb, partials for the variant with the most kv tiles
+        scores2 = scores if scores is not None else torch.empty(b, h, qb, kvb, device=dev)
+        partials = torch.empty(max(coarse_fwd2_scratch_numel(b, h, qb, kvb, d, pt) for _, pt in COARSE2_VARIANTS),
+                               device=dev)
 
-        def select_run(tiles, stages, splits):
+        def select_run(tiles, stages, splits, phase_tiles=None, two_phase=False):
             def run():
-                vsa_select_fwd(qc, kc, vc, c.sizes, out, None, lse, idx, num, scores, topk=c.topk,
-                               sm_scale=d ** -0.5, precision=precision, tiles=tiles, num_stages=stages,
-                               kv_splits=splits, split_scratch=scratch if splits > 1 else None)
+                if two_phase:
+                    vsa_select_fwd(qc, kc, vc, c.sizes, out, None, lse, idx, num, scores2, topk=c.topk,
+                                   sm_scale=d ** -0.5, precision=precision, coarse_variant="twophase",
+                                   phase_tiles=phase_tiles, partial_scratch=partials)
+                else:
+                    vsa_select_fwd(qc, kc, vc, c.sizes, out, None, lse, idx, num, scores, topk=c.topk,
+                                   sm_scale=d ** -0.5, precision=precision, tiles=tiles, num_stages=stages,
+                                   kv_splits=splits, split_scratch=scratch if splits > 1 else None)
                 if getattr(run, "timed", False):
                     return None
                 return [x.clone() for x in (out, lse, idx, num)] + ([scores.clone()] if scores is not None else [])
@@ -271,7 +301,9 @@ class Sweep:
         if self.cuda:
             torch.cuda.synchronize()
         if do_coarse:
-            for name, tiles, stages, splits in COARSE_VARIANTS:
+            variants = [(n, t, st, sp, None, False) for n, t, st, sp in COARSE_VARIANTS]
+            variants += [(n, None, None, 1, pt, True) for n, pt in COARSE2_VARIANTS]
+            for name, tiles, stages, splits, phase_tiles, two_phase in variants:
                 def check(got, ref=ref):
                     same_sel = _equal(got[2], ref[2]) and _equal(got[3], ref[3])
                     ok_out, d_out = _close(got[0], ref[0], **OUT_TOL)
@@ -283,8 +315,9 @@ class Sweep:
                                                           "max_abs_out": d_out, "max_abs_lse": d_lse,
                                                           "max_abs_scores": d_sc}
 
-                self._timed_once(c, "coarse", "-", name, {"tiles": tiles, "num_stages": stages,
-                                                          "kv_splits": splits}, select_run(tiles, stages, splits),
+                cfg = ({"coarse_variant": "twophase", "phase_tiles": phase_tiles} if two_phase else
+                       {"tiles": tiles, "num_stages": stages, "kv_splits": splits})
+                self._timed_once(c, "coarse", "-", name, cfg, select_run(tiles, stages, splits, phase_tiles, two_phase),
                                  check)
         if do_topk and scores is not None:
             base = ref[4]
@@ -393,7 +426,8 @@ def main(argv=None):
               f" {b:>8s} us  {sp:>6s}" + (f"  failed: {', '.join(w['failed'])}" if w["failed"] else ""))
     payload = {"schema": 1, "name": "bench_glue", "env": environment(), "config": vars(args),
                "seconds": time.time() - t0, "variants": {"compress": COMPRESS_VARIANTS, "gate": GATE_VARIANTS,
-                                                          "coarse": COARSE_VARIANTS, "topk": TOPK_VARIANTS},
+                                                          "coarse": COARSE_VARIANTS, "coarse2": COARSE2_VARIANTS,
+                                                          "topk": TOPK_VARIANTS},
                "results": rows, "winners": table}
     out = Path(args.out) if args.out else REPO / "benchmarks" / "results" / "glue.json"
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -21,7 +21,10 @@ Two launches (when ``topk >= KVb`` the first writes no scores and the second onl
 
 Tuning variants (keyword-only, default off; ``benchmarks/bench_glue.py`` sweeps them):
 ``topk_variant="rows{R}w{W}[x]"`` launches ``_vsa_topk_rows_kernel`` instead (R rows per program,
-each row as two power-of-two chunks, optional early exit: the same lists); ``tiles=`` /
+each row as two power-of-two chunks, optional early exit: the same lists) and
+``"bisectw{W}"`` / ``"radixw{W}[x]"`` the kernels of ``vsa_topk_radix`` (one row per program: a
+bisection from the row's min/max with value-space midpoints, or radix select in 4 histogram
+passes; one running count for the slots; the same lists); ``tiles=`` /
 ``num_stages=`` re-tile the coarse kernel; ``kv_splits=S`` (with a caller's ``split_scratch``)
 splits each row's kv walk over S programs that store partial (acc, max, sum) states, merged in
 split order by ``_vsa_coarse_combine_kernel`` (one more launch; deterministic).
@@ -29,6 +32,11 @@ split order by ``_vsa_coarse_combine_kernel`` (one more launch; deterministic).
 Memory: the scores scratch is the only ``[.., Qb, KVb]`` tensor (the caller frees it after the
 call); nothing of that size is needed by the backward (``vsa_coarse_bwd.py`` recomputes P from
 the LSE). Deterministic: every output element is written by one program, in a fixed order.
+
+``coarse_variant="twophase"`` replaces launch 1 by ``vsa_coarse_fwd2.py``'s two launches (a
+fully parallel scores + per-tile (max, sum) grid, then the combine and ``exp(s - m) @ vc`` from
+the stored scores; needs the caller's ``scores`` even when ``topk >= KVb`` and a
+``partial_scratch``); the same scores (one dot over D each), ``out_c``/LSE to fp32 rounding.
 
 Inputs ``qc``, ``kc``, ``vc``: fp32 contiguous ``[B, H, n, D]``; any head_dim (masked lanes).
 The launch helper writes into caller-allocated tensors and launches on the current CUDA device.
@@ -43,9 +51,10 @@ import triton
 import triton.language as tl
 
 from .vsa_common import dtype_name, pow2_lanes
+from .vsa_topk_radix import launch_topk_radix, parse_radix_variant
 
 __all__ = ["vsa_select_fwd", "vsa_topk", "MAX_KV_BLOCKS", "COARSE_PRECISIONS", "coarse_tiles", "coarse_fwd_tiles",
-           "TOPK_DEFAULT", "parse_topk_variant", "topk_chunks", "coarse_split_scratch_numel"]
+           "TOPK_DEFAULT", "parse_topk_variant", "topk_chunks", "coarse_split_scratch_numel", "COARSE_VARIANTS"]
 
 # Widest score row the top-k kernel keeps in one block (8 warps x 32 lanes x 64 keys).
 MAX_KV_BLOCKS = 16384
@@ -55,9 +64,17 @@ MAX_KV_BLOCKS = 16384
 # cores) is the candidate to measure if the coarse attention shows up in a profile.
 COARSE_PRECISIONS = ("ieee", "tf32x3", "tf32")
 
+# Coarse-forward implementations (vsa_select_fwd(coarse_variant=...)): "onepass" is
+# _vsa_coarse_fwd_kernel (online softmax, one program per q tile walks every kv chunk);
+# "twophase" is vsa_coarse_fwd2 (a fully parallel scores + partial (max, sum) launch, then one
+# launch that combines the partials and sums exp(s - m) @ vc from the stored scores).
+COARSE_VARIANTS = ("onepass", "twophase")
+
 # Top-k kernel variants (every one gives the same index lists): "search32" is _vsa_topk_kernel
 # (one row per program); "rows{R}w{W}[x]" is _vsa_topk_rows_kernel (R rows per program, W warps,
-# "x": early exit). See parse_topk_variant.
+# "x": early exit); "bisectw{W}" / "radixw{W}[x]" are vsa_topk_radix's kernels (W warps, one row
+# per program: bisection from the row's min/max with value-space midpoints / radix select in 4
+# histogram passes). See parse_topk_variant.
 TOPK_DEFAULT = "search32"
 _TOPK_RE = re.compile(r"rows(\d+)w(\d+)(x?)")
 
@@ -355,7 +372,8 @@ def _resolve_fwd_tiles(tiles, head_dim):
 
 def vsa_select_fwd(qc, kc, vc, kv_sizes, out, out32, lse, q2k_idx, q2k_num, scores, *, topk: int,
                    sm_scale: float, precision: str = "ieee", tiles=None, num_stages=None, kv_splits: int = 1,
-                   split_scratch=None, topk_variant: str = TOPK_DEFAULT) -> None:
+                   split_scratch=None, topk_variant: str = TOPK_DEFAULT, coarse_variant: str = "onepass",
+                   phase_tiles=None, partial_scratch=None) -> None:
     """Coarse attention + top-k into caller-allocated tensors.
 
     ``qc [B,H,Qb,D]``, ``kc``/``vc [B,H,KVb,D]``: fp32 contiguous. ``kv_sizes``: int32 ``[KVb]``.
@@ -372,6 +390,16 @@ def vsa_select_fwd(qc, kc, vc, kv_sizes, out, out32, lse, q2k_idx, q2k_num, scor
     different tile or split changes the summation order, so ``out_c``/``lse`` agree with the
     default to fp32 rounding (scores: each is one dot over D, the same order in every tile on one
     GPU instruction kind); ``topk_variant``: :func:`parse_topk_variant` (the same lists always).
+
+    ``coarse_variant``: one of :data:`COARSE_VARIANTS`. ``"twophase"`` runs
+    ``vsa_coarse_fwd2.vsa_coarse_fwd2`` instead of the one-pass kernel (``tiles``, ``num_stages``,
+    ``kv_splits`` must then be left at their defaults; ``phase_tiles``: its per-phase tiles, see
+    ``vsa_coarse_fwd2.resolve_fwd2_tiles``). It needs ``scores`` always, also when ``topk >=
+    KVb`` (phase 2 reads the scores back; the top-k then still takes every block in order), and
+    ``partial_scratch``: fp32 contiguous with ``vsa_coarse_fwd2.coarse_fwd2_scratch_numel(B, H,
+    Qb, KVb, D, phase_tiles)`` elements; ``ValueError`` when either is missing or too small. The
+    same scores as the one-pass kernel up to the tile shape's summation order inside the dot
+    (bitwise the same with equal tiles under the interpreter), ``out_c``/LSE to fp32 rounding.
     """
     assert precision in COARSE_PRECISIONS, f"precision {precision!r}"
     B, H, Qb, D = qc.shape
@@ -388,6 +416,19 @@ def vsa_select_fwd(qc, kc, vc, kv_sizes, out, out32, lse, q2k_idx, q2k_num, scor
     assert dtype_name(q2k_idx) == "int32" and q2k_idx.is_contiguous() and tuple(q2k_idx.shape) == (B, H, Qb, k_eff)
     assert dtype_name(q2k_num) == "int32" and q2k_num.is_contiguous() and tuple(q2k_num.shape) == (B, H, Qb)
     take_all = k_eff == KVb
+    if coarse_variant not in COARSE_VARIANTS:
+        raise ValueError(f"coarse_variant must be one of {COARSE_VARIANTS}, got {coarse_variant!r}")
+    two_phase = coarse_variant == "twophase"
+    if two_phase:
+        if tiles is not None or num_stages is not None or int(kv_splits) != 1:
+            raise ValueError("coarse_variant='twophase' takes phase_tiles=, not the one-pass kernel's "
+                             "tiles= / num_stages= / kv_splits=")
+        if scores is None or dtype_name(scores) != "float32" or not scores.is_contiguous() \
+                or tuple(scores.shape) != (B, H, Qb, KVb):
+            raise ValueError(f"coarse_variant='twophase' needs scores: fp32 contiguous {(B, H, Qb, KVb)}, "
+                             "also when topk >= KVb")
+    elif phase_tiles is not None or partial_scratch is not None:
+        raise ValueError("phase_tiles= / partial_scratch= are for coarse_variant='twophase'")
     if not take_all:
         assert scores is not None and dtype_name(scores) == "float32" and scores.is_contiguous() \
             and tuple(scores.shape) == (B, H, Qb, KVb), "scores scratch"
@@ -404,15 +445,21 @@ def vsa_select_fwd(qc, kc, vc, kv_sizes, out, out32, lse, q2k_idx, q2k_num, scor
             raise ValueError(f"kv_splits={splits} needs split_scratch: fp32 contiguous, >= {need} elements")
     extra = {} if num_stages is None else {"num_stages": int(num_stages)}
     out32_arg = out32 if out32 is not None else out
-    _vsa_coarse_fwd_kernel[(triton.cdiv(Qb, block_q), B * H, splits)](
-        qc, kc, vc, kv_sizes, out, out32_arg, lse,
-        scores if not take_all else lse, split_scratch if splits > 1 else lse,
-        Qb, KVb, D, R,
-        float(sm_scale),
-        BLOCK_Q=block_q, BLOCK_KV=block_kv, BLOCK_D=block_d,
-        WRITE_SCORES=not take_all, WRITE_OUT32=out32 is not None, PRECISION=precision, SPLITS=splits,
-        num_warps=warps, **extra,
-    )
+    if two_phase:
+        from .vsa_coarse_fwd2 import vsa_coarse_fwd2  # lazily: the one-pass path never needs it
+
+        vsa_coarse_fwd2(qc, kc, vc, kv_sizes, out, out32, lse, scores, partial_scratch, sm_scale=sm_scale,
+                        precision=precision, tiles=phase_tiles)
+    else:
+        _vsa_coarse_fwd_kernel[(triton.cdiv(Qb, block_q), B * H, splits)](
+            qc, kc, vc, kv_sizes, out, out32_arg, lse,
+            scores if not take_all else lse, split_scratch if splits > 1 else lse,
+            Qb, KVb, D, R,
+            float(sm_scale),
+            BLOCK_Q=block_q, BLOCK_KV=block_kv, BLOCK_D=block_d,
+            WRITE_SCORES=not take_all, WRITE_OUT32=out32 is not None, PRECISION=precision, SPLITS=splits,
+            num_warps=warps, **extra,
+        )
     if splits > 1:
         _vsa_coarse_combine_kernel[(triton.cdiv(Qb, 32), B * H)](
             split_scratch, out, out32_arg, lse,
@@ -434,12 +481,18 @@ def topk_chunks(kvb: int):
 def parse_topk_variant(variant: str):
     """``None`` for ``"search32"`` (``_vsa_topk_kernel``, one row per program), else
     ``(rows, num_warps, early_exit)`` of ``_vsa_topk_rows_kernel`` from ``"rows{R}w{W}"`` (32
-    search steps) or ``"rows{R}w{W}x"`` (early exit); R and W powers of two, W <= 8."""
+    search steps) or ``"rows{R}w{W}x"`` (early exit); R and W powers of two, W <= 8; or
+    ``("bisect" | "radix", num_warps, early_exit)`` of ``vsa_topk_radix`` from ``"bisectw{W}"`` /
+    ``"radixw{W}[x]"``."""
     if variant == "search32":
         return None
+    radix = parse_radix_variant(variant)  # vsa_topk_radix's kernels
+    if radix is not None:
+        return radix
     m = _TOPK_RE.fullmatch(str(variant))
     if m is None:
-        raise ValueError(f"topk variant must be 'search32' or like 'rows4w4' / 'rows4w4x', got {variant!r}")
+        raise ValueError(f"topk variant must be 'search32' or like 'rows4w4' / 'rows4w4x' / 'bisectw1' / "
+                         f"'radixw4x', got {variant!r}")
     rows, warps = int(m.group(1)), int(m.group(2))
     if rows < 1 or rows & (rows - 1) or warps not in (1, 2, 4, 8):
         raise ValueError(f"topk variant {variant!r}: rows must be a power of two, warps one of 1, 2, 4, 8")
@@ -456,6 +509,9 @@ def _launch_topk(scores, q2k_idx, q2k_num, rows, KVb, k_eff, variant=TOPK_DEFAUL
             BLOCK_KV=lanes, TAKE_ALL=k_eff == KVb,
             num_warps=_topk_warps(lanes),
         )
+        return
+    if cfg[0] in ("bisect", "radix"):
+        launch_topk_radix(scores, q2k_idx, q2k_num, rows, KVb, k_eff, cfg)
         return
     per_row, warps, early = cfg
     main, tail = topk_chunks(KVb)

@@ -22,14 +22,16 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from fastvideo_cute.kernels.triton import vsa_coarse_bwd as CB  # noqa: E402
+from fastvideo_cute.kernels.triton import vsa_coarse_fwd2 as CF2  # noqa: E402
 from fastvideo_cute.kernels.triton import vsa_compress as C  # noqa: E402
 from fastvideo_cute.kernels.triton import vsa_gate as G  # noqa: E402
 from fastvideo_cute.kernels.triton import vsa_select as S  # noqa: E402
+from fastvideo_cute.kernels.triton import vsa_topk_radix as TR  # noqa: E402
 
 _INT_POINTERS = {"KV_SIZES", "IDX", "NUM", "Q_SIZES"}
 _BF16_POINTERS = {"Q", "K", "V", "KO", "VO", "OS", "G", "OUT"}  # the glue's bf16 model tensors (OUT of the gate)
 _FLOATS = {"sm_scale"}
-_INTS = {"Qb", "KVb", "D", "NQT", "K", "R", "H"}  # sizes (the other upper-case names are pointers)
+_INTS = {"Qb", "KVb", "D", "NQT", "K", "R", "H", "NT"}  # sizes (the other upper-case names are pointers)
 
 
 def _signature(kernel, constexprs):
@@ -72,12 +74,29 @@ def _cases():
     for rows, warps, early in ((1, 1, True), (4, 4, True), (2, 1, False)):
         yield (f"topk-rows{rows}w{warps}{'x' if early else ''}", S._vsa_topk_rows_kernel,
                dict(ROWS=rows, MAIN=main, TAIL=tail, EARLY_EXIT=early), warps)
+    # vsa_topk_radix's variants: 624 columns (two chunks) and HunyuanVideo's 1800 (one chunk of 2048)
+    for kvb in (624, 1800):
+        main, tail = TR.radix_chunks(kvb)
+        for warps in (1, 2):
+            yield (f"topk-bisectw{warps}-{kvb}", TR._vsa_topk_bisect_kernel,
+                   dict(MAIN=main, TAIL=tail, VSTEPS=TR.VALUE_STEPS, DIV4=True), warps)
+        for warps, early in ((1, True), (4, False)):
+            yield (f"topk-radixw{warps}{'x' if early else ''}-{kvb}", TR._vsa_topk_radix_kernel,
+                   dict(MAIN=main, TAIL=tail, EARLY_EXIT=early, DIV4=True), warps)
     for bq, bkv, warps, splits in ((64, 32, 4, 2), (64, 64, 4, 1)):
         yield (f"fwd-{bq}x{bkv}w{warps}s{splits}-tf32x3", S._vsa_coarse_fwd_kernel,
                dict(BLOCK_Q=bq, BLOCK_KV=bkv, BLOCK_D=128, WRITE_SCORES=True, WRITE_OUT32=False,
                     PRECISION="tf32x3", SPLITS=splits), warps)
     yield ("combine-s2", S._vsa_coarse_combine_kernel,
            dict(BLOCK_Q=32, BLOCK_D=128, WRITE_OUT32=True, SPLITS=2), 4)
+    # the two-phase coarse forward (vsa_coarse_fwd2.py) with its default tiles (num_stages: _STAGES)
+    for d in (128, 256):
+        (bq1, bkv1, bd1, w1, _), (bq2, bkv2, bd2, w2, _) = CF2.coarse_fwd2_tiles(d)
+        for prec in ("tf32x3", "ieee"):
+            yield (f"fwd2-p1-d{d}-{prec}", CF2._coarse_fwd2_scores_kernel,
+                   dict(BLOCK_Q=bq1, BLOCK_KV=bkv1, BLOCK_D=bd1, PRECISION=prec), w1)
+            yield (f"fwd2-p2-d{d}-{prec}", CF2._coarse_fwd2_out_kernel,
+                   dict(BLOCK_Q=bq2, BLOCK_KV=bkv2, BLOCK_D=bd2, BLOCK_T=32, WRITE_OUT32=True, PRECISION=prec), w2)
     for mode in C.COMPRESS_MODES:
         yield (f"compress-{mode}", C._vsa_compress_fwd_kernel,
                dict(BLOCK=64, BLOCK_T=64, BLOCK_D=128, MODE=mode, EVICT="evict_first", WRITE_K=False,
@@ -94,8 +113,13 @@ def _cases():
 _PICK = {"bwd-a-d128-tf32x3", "bwd-b-d128-tf32x3", "bwd-fused-d128-tf32x3", "fwd-d128-tf32x3",
          "bwd-fused-d256-ieee", "bwd-b-d64-ieee", "topk-2048",
          "topk-rows1w1x", "topk-rows4w4x", "topk-rows2w1", "fwd-64x32w4s2-tf32x3", "fwd-64x64w4s1-tf32x3",
+         "topk-bisectw1-624", "topk-bisectw1-1800", "topk-bisectw2-1800", "topk-radixw1x-624", "topk-radixw4-1800",
+         "fwd2-p1-d128-tf32x3", "fwd2-p2-d128-tf32x3", "fwd2-p1-d256-ieee",
          "combine-s2", "compress-fused", "compress-split", "compress-preload", "compress-split-write", "gate-nb1", "gate-nb4"}
 CASES = [c for c in _cases() if c[0] in _PICK]
+# num_stages of the cases launched with one (the rest: Triton's default)
+_STAGES = {f"fwd2-{p}-d{d}-{prec}": cfg[4] for d in (128, 256) for p, cfg in zip(("p1", "p2"), CF2.coarse_fwd2_tiles(d))
+           for prec in ("tf32x3", "ieee") if cfg[4] is not None}
 
 
 def _compile(name):
@@ -111,6 +135,8 @@ def _compile_one(name):
     options = {"num_warps": warps}
     if name == "fwd-64x64w4s1-tf32x3":
         options["num_stages"] = 1  # 64 x 64 with tf32x3 fits in shared memory with 1-2 stages only
+    elif name in _STAGES:
+        options["num_stages"] = _STAGES[name]
     compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
     ptx = compiled.asm["ptx"]
     return {"cubin": len(compiled.asm["cubin"]), "mma": "mma" in ptx}
