@@ -52,6 +52,9 @@ def parse_args(argv=None):
     p.add_argument("--profile", action="store_true", help="glue share of ours from torch.profiler")
     p.add_argument("--warmup", type=int, default=25)
     p.add_argument("--rep", type=int, default=100)
+    p.add_argument("--coarse-variant", default=None, choices=["onepass", "twophase"],
+                   help="the coarse-attention forward video_sparse_attn runs (vsa_ops._COARSE_VARIANT; "
+                        "default: the library's), recorded in the JSON config")
     p.add_argument("--name", default="vsa_e2e_h200")
     p.add_argument("--out", default=None)
     p.add_argument("--plot", default=None, help="PNG path: time per entry and call (needs matplotlib: .[bench])")
@@ -282,6 +285,12 @@ def main(argv=None):
     import torch
 
     from bench_vsa import environment
+
+    from fastvideo_cute import vsa_ops
+
+    if args.coarse_variant is not None:
+        vsa_ops._COARSE_VARIANT = args.coarse_variant
+    args.coarse_variant = vsa_ops._COARSE_VARIANT
 
     from fastvideo_cute.warmup_presets import PRESETS
 

@@ -64,6 +64,29 @@ _COARSE_PRECISION = "tf32x3"
 # summation order, so block means may differ from the old kernel's in the last bits); gate 8 warps:
 # 92 vs 99 us, the same bits. Coarse forward: no variant beat the default tiles.
 _TOPK_VARIANT = "rows1w1x"
+# Wider rows take vsa_topk_radix's "bisect" kernel (search from the row's min/max, value-space
+# midpoints first), the same lists bit for bit; measured on the H200 (glue_h200_v2.json, 64-token
+# tiles, 87.5 %): Wan-1.3B (624 columns) rows1w1x 34.9 vs bisectw1 43.1 us; Wan-14B 720p (1180)
+# bisectw1 387 vs rows1w1x 522 us; HunyuanVideo 720p (2160) bisectw2 587 vs rows1w1x 1089 us.
+# (kv blocks above which the variant applies, variant), widest first; up to _TOPK_WIDE_MAX (64
+# keys per lane with two warps: the register budget the rows kernel keeps too), else _TOPK_VARIANT.
+_TOPK_WIDE = ((1536, "bisectw2"), (1024, "bisectw1"))
+_TOPK_WIDE_MAX = 4096
+
+
+def _topk_variant(kvb: int) -> str:
+    """The top-k kernel variant for rows of ``kvb`` scores (see ``_TOPK_WIDE``)."""
+    if kvb <= _TOPK_WIDE_MAX:
+        for above, variant in _TOPK_WIDE:
+            if kvb > above:
+                return variant
+    return _TOPK_VARIANT
+# Coarse forward implementation ("onepass" | "twophase", vsa_select.COARSE_VARIANTS): "twophase"
+# (kernels/triton/vsa_coarse_fwd2.py) is a fully parallel scores launch plus a combine launch, for
+# the latency-bound one-pass kernel at large block counts; it needs the scores scratch also when
+# topk >= KVb and a small partials scratch (both allocated in _select_impl). Default "onepass"
+# until measured on the H200 (benchmarks/bench_glue.py COARSE2_VARIANTS).
+_COARSE_VARIANT = "onepass"
 _COMPRESS_CONFIG = {"mode": "split", "num_warps": 2}
 _GATE_CONFIG = {"num_warps": 8}
 
@@ -388,11 +411,18 @@ def _select_impl(qc: Tensor, kc: Tensor, vc: Tensor, kv_sizes: Tensor, topk: int
             lse = torch.empty((b, h, qb), dtype=torch.float32, device=dev)
             idx = torch.empty((b, h, qb, k), dtype=torch.int32, device=dev)
             num = torch.empty((b, h, qb), dtype=torch.int32, device=dev)
-            scores = torch.empty((b, h, qb, kvb), dtype=torch.float32, device=dev) if k < kvb else None
+            two_phase = _COARSE_VARIANT == "twophase"
+            scores = torch.empty((b, h, qb, kvb), dtype=torch.float32, device=dev) if k < kvb or two_phase else None
+            coarse = {}
+            if two_phase:  # the partial (max, sum) per row and kv tile, freed on return as the scores
+                from .kernels.triton.vsa_coarse_fwd2 import coarse_fwd2_scratch_numel
+
+                coarse = dict(coarse_variant="twophase", partial_scratch=torch.empty(
+                    coarse_fwd2_scratch_numel(b, h, qb, kvb, d), dtype=torch.float32, device=dev))
             with _on(qc):
                 vsa_select_fwd(qc.contiguous(), kc.contiguous(), vc.contiguous(), kv_sizes, out,
                                out_acc if keep_acc else None, lse, idx, num, scores, topk=topk, sm_scale=sm_scale,
-                               precision=_coarse_precision(qc), topk_variant=_TOPK_VARIANT)
+                               precision=_coarse_precision(qc), topk_variant=_topk_variant(kvb), **coarse)
             return out, out_acc, lse, idx, num
     out_acc, lse, idx, num = _select_torch(qc, kc, vc, kv_sizes, topk, sm_scale)
     out = out_acc.to(out_dtype)

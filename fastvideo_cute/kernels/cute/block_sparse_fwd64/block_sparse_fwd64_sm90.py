@@ -65,6 +65,17 @@ PV_STEP = 16  # keys per wgmma k-step of P V
 _CUTE_DTYPES = {"float16": cutlass.Float16, "bfloat16": cutlass.BFloat16}
 
 
+@cute.jit
+def _uniform_base(t: cute.Tensor) -> cute.Tensor:
+    """``t`` re-based on a warp-uniform copy of its start address (same elements and layout), so
+    the per-step list reads do not rematerialise the address (constant loads + IMAD chain)."""
+    addr = t.iterator.toint()
+    lo = cute.arch.make_warp_uniform(Int32(addr & 0xFFFFFFFF))
+    hi = cute.arch.make_warp_uniform(Int32(addr >> 32))
+    base = (cutlass.Int64(hi) << 32) | (cutlass.Int64(lo) & 0xFFFFFFFF)
+    return cute.make_tensor(cute.make_ptr(t.element_type, base, cute.AddressSpace.gmem, assumed_align=4), t.layout)
+
+
 class BlockSparseFwd64Sm90(CuteKernel):
     """The sm_90a 64-token forward (module docstring). Called (compiled) as
     ``fn(q, k, v, out, lse, idx, num, sizes, softmax_scale)`` with the permuted torch views."""
@@ -198,6 +209,12 @@ class BlockSparseFwd64Sm90(CuteKernel):
         dt = _CUTE_DTYPES[self.dtype_name]
         tidx, _, _ = cute.arch.thread_idx()
         qt, h, b = cute.arch.block_idx()
+        # The tile / head / batch coordinates feed every TMA issue in the loop; read once and held
+        # as warp-uniform values, ptxas keeps them in registers instead of re-reading SR_CTAID
+        # (S2UR) inside each issue branch (seen in the SASS).
+        qt = cute.arch.make_warp_uniform(qt)
+        h = cute.arch.make_warp_uniform(h)
+        b = cute.arch.make_warp_uniform(b)
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         seqlen_q = mQ.shape[0]
         seqlen_k = mK.shape[0]
@@ -257,7 +274,7 @@ class BlockSparseFwd64Sm90(CuteKernel):
         if warp_idx == 0:
             bar_q.arrive_and_expect_tx(0, tx["q"])
             cute.copy(tma_atom_Q, tQgQ, tQsQ, tma_bar_ptr=bar_q.get_barrier(0))
-        gIdx = mIdx[None, qt, h, b]
+        gIdx = _uniform_base(mIdx[None, qt, h, b])
         n_cur = gIdx[0]
         count = cutlass.min(cutlass.max(mNum[qt, h, b], Int32(0)), width)
 
