@@ -73,23 +73,33 @@ def sm90_fwd64_problems(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, bs
     return None
 
 
-def _kernel_fn(dtype: torch.dtype, head_dim: int, has_sizes: bool):
-    key = (dtype, head_dim, has_sizes)
+def _kernel_fn(dtype: torch.dtype, head_dim: int, has_sizes: bool, fuse_gate: bool):
+    key = (dtype, head_dim, has_sizes, fuse_gate)
     fn = _COMPILED.get(key)
     if fn is None:
         from ..kernels.cute.block_sparse_fwd64 import sm90_kernel
 
-        fn = _COMPILED[key] = compile_kernel(sm90_kernel(DTYPES[dtype], head_dim, has_sizes), "sm_90a")[0]
+        fn = _COMPILED[key] = compile_kernel(sm90_kernel(DTYPES[dtype], head_dim, has_sizes, fuse_gate), "sm_90a")[0]
     return fn
 
 
 def sm90_fwd64(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q2k_idx: torch.Tensor, q2k_num: torch.Tensor,
-               block_sizes: Optional[torch.Tensor], *, bshd: bool,
-               softmax_scale: Optional[float] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+               block_sizes: Optional[torch.Tensor], *, bshd: bool, softmax_scale: Optional[float] = None,
+               gate: Optional[torch.Tensor] = None,
+               out_c: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     """Our sm_90a 64-token forward: ``(out, lse)`` (module docstring). The call must pass
-    :func:`sm90_fwd64_problems`; the lists are int32 and contiguous."""
+    :func:`sm90_fwd64_problems`; the lists are int32 and contiguous.
+
+    ``gate`` (q's shape, layout and dtype; 128-byte aligned) with ``out_c`` (``[B, H, Qb, D]``,
+    q's dtype, unit last stride): the kernel's epilogue returns ``out_s + gate * out_c`` (out_c's
+    row of each q tile broadcast over its rows; fp32, rounded once) instead of ``out_s``, the VSA
+    gate composition without a pass of its own; the LSE stays the sparse branch's. UNVERIFIED ON
+    HARDWARE: compiled and SASS-checked on the CPU box only (its GPU test is
+    tests/kernels/cute/test_block_sparse_fwd64_sm90_gpu.py::test_fused_gate_matches_reference)."""
+    if (gate is None) != (out_c is None):
+        raise ValueError("gate and out_c are given together or not at all")
     d = q.shape[3]
-    fn = _kernel_fn(q.dtype, d, block_sizes is not None)
+    fn = _kernel_fn(q.dtype, d, block_sizes is not None, gate is not None)
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     if bshd:
         b, sq, h = q.shape[:3]
@@ -99,6 +109,8 @@ def sm90_fwd64(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q2k_idx: torch
         qko, vp = (2, 3, 1, 0), (3, 2, 1, 0)  # BHSD -> (S, D, H, B) / (D, S, H, B)
     lse = torch.empty((b, h, sq), dtype=torch.float32, device=q.device)
     scale = 1.0 / math.sqrt(d) if softmax_scale is None else float(softmax_scale)
+    g = None if gate is None else gate.permute(qko)
+    oc = None if out_c is None else out_c.permute(3, 2, 1, 0)  # [B, H, Qb, D] -> (D, Qb, H, B)
     fn(q.permute(qko), k.permute(qko), v.permute(vp), out.permute(qko), lse.permute(2, 1, 0),
-       q2k_idx.permute(3, 2, 1, 0), q2k_num.permute(2, 1, 0), block_sizes, scale)
+       q2k_idx.permute(3, 2, 1, 0), q2k_num.permute(2, 1, 0), block_sizes, g, oc, scale)
     return out, lse

@@ -54,7 +54,7 @@ def test_bad_configuration_is_refused():
     with pytest.raises(ValueError, match="head_dim"):
         cls("bfloat16", 96)
     assert cls("float16", 64, has_block_sizes=False).config() == {
-        "dtype": "float16", "head_dim": 64, "has_block_sizes": False}
+        "dtype": "float16", "head_dim": 64, "has_block_sizes": False, "fuse_gate": False}
 
 
 def test_predicate_refuses_cpu_tensors_with_a_reason():
@@ -62,3 +62,23 @@ def test_predicate_refuses_cpu_tensors_with_a_reason():
 
     q = torch.zeros(1, 2, 128, 128, dtype=torch.bfloat16)
     assert sm90_fwd64_problems(q, q, q, bshd=False) == "not a CUDA tensor"
+
+
+def test_fused_gate_variant_compiles_within_the_register_budget():
+    """The epilogue variant with the VSA gate composition (``fuse_gate``; not yet run on a GPU):
+    still three CTAs per SM (measured 167 registers, nvidia-cutlass-dsl 4.8.1), no spill, one more
+    TMA load (the gate tile) than the plain kernel."""
+    from functools import partial
+
+    from fastvideo_cute.kernels.cute import CuteKernelSpec
+    from fastvideo_cute.kernels.cute.block_sparse_fwd64 import sm90_kernel
+
+    spec = CuteKernelSpec(name="block_sparse_fwd64_sm90_gate", archs=("sm_90a",),
+                          make=partial(sm90_kernel, fuse_gate=True), expect=("HGMMA", "UTMALDG"),
+                          forbid=("HMMA", "UTCHMMA"))
+    fused = build_report(spec, "sm_90a")
+    print(fused.line)
+    assert fused.ok, fused.line
+    assert fused.regs <= 168 and fused.spill == 0, fused.line
+    plain = build_report(find(NAME), "sm_90a")
+    assert fused.count("UTMALDG") > plain.count("UTMALDG")

@@ -5,7 +5,10 @@ Cases: BHSD and BSHD, B = 2, q_len != kv_len, ragged kv sizes (0, 17, 41: not mu
 16-key P V step, so the in-kernel zeroing runs; 16, 32: the skipped-step path), an empty kv block
 selected by every row, a query tile with no entry (out 0, LSE -inf), NaN in padded K and Inf in
 padded V (must not leak), a NaN in a visible q row (NaN out and LSE), fp16 and bf16, head_dim 64
-and 128, with and without sizes; and a 65,536-token run-to-run check (bitwise equal).
+and 128, with and without sizes; and a 65,536-token run-to-run check (bitwise equal). The fused-gate epilogue (``gate=``, ``out_c=``)
+against ``gate_compose_reference`` of the reference branch (written before it ran on a GPU: the
+first H200 run decides whether it holds; tolerance as the plain output's, the composition is
+rounded once).
 
 Tolerances: measured on the H200 (2026-12-01) max |out - ref| 1.3e-3 to 6.8e-3 (bf16 out: half an
 ulp at |out| ~ 2 is 7.8e-3), max |lse - ref| 9.5e-7; asserted at 1.6e-2 (bf16) / 2e-3 (fp16) for
@@ -115,3 +118,25 @@ def test_65536_tokens_run_to_run_bitwise():
     b = _run(q, k, v, bm, sizes, True)
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
     assert torch.isfinite(a[0]).all()
+
+
+@pytest.mark.parametrize("bshd", [False, True], ids=["bhsd", "bshd"])
+def test_fused_gate_matches_reference(bshd):
+    q, k, v, bm, sizes = _case(bshd, 2, 2, 512, 512, 128, torch.bfloat16, {2: 0, 5: 17, 7: 32})
+    _poison_padding(v, sizes, bshd, float("inf"))
+    g = torch.Generator(device="cuda").manual_seed(5)
+    gate = torch.rand(q.shape, device="cuda", dtype=torch.bfloat16, generator=g)
+    out_c = torch.randn(2, 2, 512 // 64, 128, device="cuda", dtype=torch.bfloat16, generator=g)
+    assert sm90_fwd64_problems(q, k, v, bshd=bshd) is None
+    idx, num = map_to_index(bm)
+    out, lse = sm90_fwd64(q, k, v, idx.to(torch.int32).contiguous(), num.to(torch.int32).contiguous(), sizes,
+                          bshd=bshd, gate=gate, out_c=out_c)
+    ro, rl = reference.block_sparse_attn_reference(*(_bhsd(t, bshd).float() for t in (q, k, v)), bm, sizes, 64)
+    want = reference.gate_compose_reference(ro, out_c, _bhsd(gate, bshd), 64)
+    got = _bhsd(out, bshd).float()
+    assert torch.isfinite(got).all()
+    assert (got - want).abs().max() <= OUT_TOL[torch.bfloat16]
+    finite = torch.isfinite(rl)
+    assert (lse - rl)[finite].abs().max() <= 1e-4
+    # the query tile with no entry: out_s is 0, so out = gate * out_c
+    torch.testing.assert_close(got[0, 0, 64:128], want[0, 0, 64:128], atol=OUT_TOL[torch.bfloat16], rtol=0)

@@ -52,6 +52,7 @@ def sm90_kernel_class():
     return BlockSparseFwd64Sm90
 
 
-def sm90_kernel(dtype: str = "bfloat16", head_dim: int = 128, has_block_sizes: bool = True):
-    """The sm_90 kernel object for one static configuration."""
-    return sm90_kernel_class()(dtype, head_dim, has_block_sizes=has_block_sizes)
+def sm90_kernel(dtype: str = "bfloat16", head_dim: int = 128, has_block_sizes: bool = True, fuse_gate: bool = False):
+    """The sm_90 kernel object for one static configuration (``fuse_gate``: the VSA gate
+    composition in the epilogue, unverified on hardware)."""
+    return sm90_kernel_class()(dtype, head_dim, has_block_sizes=has_block_sizes, fuse_gate=fuse_gate)

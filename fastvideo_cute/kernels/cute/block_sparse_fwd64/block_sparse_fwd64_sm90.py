@@ -23,12 +23,17 @@ specialisation; the latency is hidden by three CTAs per SM, ``min_blocks_per_mp=
   - a partial tile (``valid < 64``) zeroes V's padding rows in shared memory before its P V
     (generic-proxy stores, ``fence.proxy.async`` and a CTA barrier: only on partial tiles);
   - the epilogue normalises O, writes the LSE, stages O in Q's buffer and stores it by TMA (rows
-    past the sequence are clipped by the TMA unit).
+    past the sequence are clipped by the TMA unit);
+  - ``fuse_gate`` (a configuration; UNVERIFIED ON HARDWARE, compiled and SASS-checked only): the
+    epilogue returns ``out_s + gate * out_c`` (VSA's gate composition: the gate tile arrives by
+    TMA in K's slot once the last S has retired, on K's barrier; out_c's row of the query tile is
+    read per column; fp32, rounded once), so the composition needs no pass of its own.
 
 Layouts (the cuDNN-frontend blk64 entry's, so one host path serves both): q / k / out
 ``(S, D, H, B)``, v ``(D, S, H, B)`` (unit stride on D, 128-byte aligned bases, every other stride
 dynamic), lse fp32 ``(S, H, B)``, idx int32 ``(W, Qb, H, B)``, num int32 ``(Qb, H, B)``, sizes int32
-``(KVb,)`` or None. head_dim 64 or 128, fp16/bf16. Shared memory: (64 D) x 4 x 2 B + barriers:
+``(KVb,)`` or None; with ``fuse_gate`` also gate ``(S, D, H, B)`` (q's layout) and out_c
+``(D, Qb, H, B)`` (unit stride on D), else None. head_dim 64 or 128, fp16/bf16. Shared memory: (64 D) x 4 x 2 B + barriers:
 64 KB + 32 B at D = 128, three CTAs per SM within the H200's 227 KB.
 """
 
@@ -82,7 +87,8 @@ class BlockSparseFwd64Sm90(CuteKernel):
 
     name = "block_sparse_fwd64_sm90"
 
-    def __init__(self, dtype: str = "bfloat16", head_dim: int = 128, *, has_block_sizes: bool = True):
+    def __init__(self, dtype: str = "bfloat16", head_dim: int = 128, *, has_block_sizes: bool = True,
+                 fuse_gate: bool = False):
         if dtype not in DTYPE_NAMES:
             raise ValueError(f"dtype must be one of {DTYPE_NAMES}, got {dtype!r}")
         if head_dim not in HEAD_DIMS:
@@ -90,9 +96,11 @@ class BlockSparseFwd64Sm90(CuteKernel):
         self.dtype_name = dtype
         self.head_dim = int(head_dim)
         self.has_block_sizes = bool(has_block_sizes)
+        self.fuse_gate = bool(fuse_gate)
 
     def config(self) -> Mapping[str, Any]:
-        return {"dtype": self.dtype_name, "head_dim": self.head_dim, "has_block_sizes": self.has_block_sizes}
+        return {"dtype": self.dtype_name, "head_dim": self.head_dim, "has_block_sizes": self.has_block_sizes,
+                "fuse_gate": self.fuse_gate}
 
     def fake_args(self) -> tuple:
         dt = _CUTE_DTYPES[self.dtype_name]
@@ -111,12 +119,15 @@ class BlockSparseFwd64Sm90(CuteKernel):
         idx = tensor(Int32, (width, qb, h, b), 0, 4)
         num = tensor(Int32, (qb, h, b), 0, 4)
         sizes = tensor(Int32, (kvb,), 0, 4) if self.has_block_sizes else None
-        return (q, k, v, out, lse, idx, num, sizes, Float32(1.0), fake_stream())
+        gate = tensor(dt, (sq, d, h, b), 1, BASE_ALIGN) if self.fuse_gate else None
+        out_c = tensor(dt, (d, qb, h, b), 0, 4) if self.fuse_gate else None
+        return (q, k, v, out, lse, idx, num, sizes, gate, out_c, Float32(1.0), fake_stream())
 
     # ------------------------------------------------------------------ host side
     @cute.jit
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
-                 mIdx: cute.Tensor, mNum: cute.Tensor, mSizes, softmax_scale: Float32, stream: cuda.CUstream):
+                 mIdx: cute.Tensor, mNum: cute.Tensor, mSizes, mGate, mOutC, softmax_scale: Float32,
+                 stream: cuda.CUstream):
         d = self.head_dim
         dt = _CUTE_DTYPES[self.dtype_name]
 
@@ -138,6 +149,11 @@ class BlockSparseFwd64Sm90(CuteKernel):
         tma_atom_K, tma_K = cpasync.make_tiled_tma_atom(g2s, mK, sK_layout, (BLOCK, d))
         tma_atom_V, tma_V = cpasync.make_tiled_tma_atom(g2s, mV, sV_one, (d, BLOCK))
         tma_atom_O, tma_O = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileS2GOp(), mO, sQ_layout, (BLOCK, d))
+        if const_expr(self.fuse_gate):  # the gate tile lands in K's slot once the last S has retired
+            tma_atom_G, tma_G = cpasync.make_tiled_tma_atom(g2s, static_dim(mGate, 1), sK_layout, (BLOCK, d))
+        else:
+            tma_atom_G, tma_G = tma_atom_K, tma_K  # placeholders, never used
+        out_c = mOutC if const_expr(self.fuse_gate) else mNum
 
         mma_qk = sm90_helpers.make_trivial_tiled_mma(dt, dt, OperandMajorMode.K, OperandMajorMode.K, Float32,
                                                      (1, 1, 1), tiler_mn=(BLOCK, BLOCK))
@@ -158,7 +174,8 @@ class BlockSparseFwd64Sm90(CuteKernel):
         grid = (cute.ceil_div(mQ.shape[0], BLOCK), mQ.shape[2], mQ.shape[3])
         sizes = mSizes if const_expr(self.has_block_sizes) else mNum  # a placeholder never read
         self.kernel(
-            tma_atom_Q, tma_Q, tma_atom_K, tma_K, tma_atom_V, tma_V, tma_atom_O, tma_O, mLSE, mIdx, mNum, sizes,
+            tma_atom_Q, tma_Q, tma_atom_K, tma_K, tma_atom_V, tma_V, tma_atom_O, tma_O, tma_atom_G, tma_G, out_c,
+            mLSE, mIdx, mNum, sizes,
             sQ_layout, sK_layout, sV_layout, mma_qk, mma_pv, scale_log2, SharedStorage,
         ).launch(grid=grid, block=(THREADS, 1, 1), smem=SharedStorage.size_in_bytes(), stream=stream,
                  # three CTAs per SM: ptxas caps a thread at 65536 / 384 registers; the full
@@ -201,7 +218,7 @@ class BlockSparseFwd64Sm90(CuteKernel):
     @cute.kernel
     def kernel(self, tma_atom_Q: cute.CopyAtom, mQ: cute.Tensor, tma_atom_K: cute.CopyAtom, mK: cute.Tensor,
                tma_atom_V: cute.CopyAtom, mV: cute.Tensor, tma_atom_O: cute.CopyAtom, mO: cute.Tensor,
-               mLSE: cute.Tensor, mIdx: cute.Tensor, mNum: cute.Tensor, mSizes,
+               tma_atom_G: cute.CopyAtom, mG: cute.Tensor, mOutC: cute.Tensor, mLSE: cute.Tensor, mIdx: cute.Tensor, mNum: cute.Tensor, mSizes,
                sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout, sV_layout: cute.ComposedLayout,
                mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, scale_log2: Float32,
                SharedStorage: cutlass.Constexpr):
@@ -225,6 +242,8 @@ class BlockSparseFwd64Sm90(CuteKernel):
         if warp_idx == 0:
             for atom in (tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_O):
                 cpasync.prefetch_descriptor(atom)
+            if const_expr(self.fuse_gate):
+                cpasync.prefetch_descriptor(tma_atom_G)
 
         storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
         tma_op = pipeline.PipelineOp.TmaLoad
@@ -328,7 +347,10 @@ class BlockSparseFwd64Sm90(CuteKernel):
                 rP.store(tP_view.load().to(dt))
                 keys_prev = keys_cur
 
-            # ---- drain: P V[count-1]
+            # ---- drain: P V[count-1]; S[count-1] has retired, so the gate tile can take K's slot
+            if const_expr(self.fuse_gate):
+                if warp_idx == 0:
+                    self.load_gate(tma_atom_G, mG, sK, bar_k, tx["k"], qt, h, b)
             last = (count - 1) % V_STAGES
             self.rescale_o(acc_O_mn, alpha, num_rows)
             bar_v.wait(last, ((count - 1) // V_STAGES) % 2)
@@ -339,14 +361,33 @@ class BlockSparseFwd64Sm90(CuteKernel):
 
         else:
             bar_q.wait(0, 0)  # Q landed before its buffer takes O
+            if const_expr(self.fuse_gate):
+                if warp_idx == 0:
+                    self.load_gate(tma_atom_G, mG, sK, bar_k, tx["k"], qt, h, b)
 
         # ---- epilogue: normalise, LSE, O through Q's buffer by TMA
         tOcO_mn = layout_utils.reshape_acc_to_mn(thr_pv.partition_C(cute.make_identity_tensor((BLOCK, d))))
+        st_atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dt, num_bits_per_copy=32)
+        thr_copy_O = cute.make_tiled_copy_C(st_atom, mma_pv).get_slice(tidx)
+        rG_mn = acc_O_mn  # (unused without the gate)
+        if const_expr(self.fuse_gate):
+            # the gate tile's (count + 1)-th completion of K's barrier: count K tiles came before it
+            bar_k.wait(0, count % 2)
+            rG = cute.make_rmem_tensor_like(acc_O, dt)
+            cute.copy(thr_copy_O, thr_copy_O.partition_S(sK), thr_copy_O.retile(rG))
+            rG_mn = layout_utils.reshape_acc_to_mn(rG)
+        num_cols = cute.size(acc_O_mn, mode=[1])
+        oc = cute.make_rmem_tensor((num_cols,), Float32)
+        if const_expr(self.fuse_gate):  # this thread's columns of the tile's out_c row
+            for c in cutlass.range_constexpr(num_cols):
+                oc[c] = Float32(mOutC[tOcO_mn[0, c][1], qt, h, b])
         for r in cutlass.range_constexpr(num_rows):
             total = cute.arch.warp_reduction_sum(row_sum[r], threads_in_group=4)
             inv, lse, empty = finalize_row(row_max[r], total, scale_log2)
-            for c in cutlass.range_constexpr(cute.size(acc_O_mn, mode=[1])):
+            for c in cutlass.range_constexpr(num_cols):
                 acc_O_mn[r, c] = Float32(0.0) if empty else acc_O_mn[r, c] * inv
+                if const_expr(self.fuse_gate):  # out = out_s + gate * out_c[q tile] (fp32, rounded once)
+                    acc_O_mn[r, c] = acc_O_mn[r, c] + Float32(rG_mn[r, c]) * oc[c]
             row = qt * BLOCK + tOcO_mn[r, 0][0]
             if tOcO_mn[r, 0][1] == 0 and row < seqlen_q:
                 mLSE[row, h, b] = lse
@@ -354,8 +395,6 @@ class BlockSparseFwd64Sm90(CuteKernel):
         rO.store(acc_O.load().to(dt))
         cute.arch.barrier()  # every warp's wgmma reads of Q are done before Q's buffer takes O
         sO = sQ
-        st_atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dt, num_bits_per_copy=32)
-        thr_copy_O = cute.make_tiled_copy_C(st_atom, mma_pv).get_slice(tidx)
         cute.copy(thr_copy_O, thr_copy_O.retile(rO), thr_copy_O.partition_D(sO))
         cute.arch.fence_proxy("async.shared", space="cta")
         cute.arch.barrier()
@@ -365,6 +404,16 @@ class BlockSparseFwd64Sm90(CuteKernel):
             cute.copy(tma_atom_O, tOsO, tOgO)
             cute.arch.cp_async_bulk_commit_group()
             cute.arch.cp_async_bulk_wait_group(0, read=True)
+
+    @cute.jit
+    def load_gate(self, tma_atom_G, mG: cute.Tensor, sK: cute.Tensor, bar_k, tx_bytes: cutlass.Constexpr,
+                  qt: Int32, h: Int32, b: Int32):
+        """(warp 0) The query tile's gate rows into K's slot, on K's barrier."""
+        gG = cute.local_tile(mG[None, None, h, b], (BLOCK, self.head_dim), (qt, 0))
+        tGsG, tGgG = cpasync.tma_partition(tma_atom_G, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2),
+                                           cute.group_modes(gG, 0, 2))
+        bar_k.arrive_and_expect_tx(0, tx_bytes)
+        cute.copy(tma_atom_G, tGgG, tGsG, tma_bar_ptr=bar_k.get_barrier(0))
 
     @cute.jit
     def gemm(self, tiled_mma: cute.TiledMma, acc: cute.Tensor, tCrA: cute.Tensor, tCrB: cute.Tensor,
