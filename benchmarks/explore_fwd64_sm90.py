@@ -7,7 +7,9 @@ beside cuDNN BSA's blk64 forward, through the same host path (the permuted views
    entry, NaN/Inf in padded K/V rows, q_len != kv_len, B = 2, BHSD and BSHD;
 2. time of both kernels (metadata prebuilt) at S=32768, 65536 and the Wan-1.3B grid (partial
    tiles): ours reads the raw K/V (it masks V's padding itself), cuDNN the zero-padded copies
-   (without them it returns NaN when the padding holds NaN).
+   (without them it returns NaN when the padding holds NaN);
+3. (unless ``--no-gate``) VSA's gate composition in an inference call: cuDNN + V's copy + the
+   gate pass against our ``fuse_gate`` epilogue, and their largest difference.
 
   python benchmarks/explore_fwd64_sm90.py --out /tmp/fwd64.json
 """
@@ -26,11 +28,11 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-def ours(q, k, v, idx, num, sizes, *, bshd: bool):
+def ours(q, k, v, idx, num, sizes, *, bshd: bool, gate=None, out_c=None):
     """(out, lse) of our kernel, in the call layout (``adapters/cute_sm90_fwd64``)."""
     from fastvideo_cute.adapters.cute_sm90_fwd64 import sm90_fwd64
 
-    return sm90_fwd64(q, k, v, idx, num, sizes, bshd=bshd)
+    return sm90_fwd64(q, k, v, idx, num, sizes, bshd=bshd, gate=gate, out_c=out_c)
 
 
 def exactness():
@@ -113,11 +115,51 @@ def timing(args):
                             warmup=args.warmup, rep=args.rep)
             row["cudnn_with_v_copy_ms"] = ms_s
             row["ours_vs_cudnn_with_v_copy"] = ms_s / ms_o
+        if args.gate:  # VSA's gate composition: cuDNN + V's copy + the gate pass vs ours with it fused
+            row.update(gate_timing(args, case, q, k, v, idx, num, sizes, cm))
         print(json.dumps(row), flush=True)
         rows.append(row)
         del case
         torch.cuda.empty_cache()
     return rows
+
+
+def gate_timing(args, case, q, k, v, idx, num, sizes, cm):
+    """``out_s + gate * out_c`` for an inference call: the library's cuDNN route today (V's padding
+    copy when tiles are partial, cuDNN's forward, ``vsa_gate_fwd``) beside our kernel's
+    ``fuse_gate`` epilogue (one launch), and their largest difference."""
+    import torch
+    from triton.testing import do_bench
+
+    from fastvideo_cute.adapters import cudnn_bsa as C
+    from fastvideo_cute.kernels.triton.sanitize_padding import sanitize_kv_padding
+    from fastvideo_cute.kernels.triton.vsa_gate import vsa_gate_fwd
+
+    g = torch.Generator(device="cuda").manual_seed(11)
+    gate = torch.rand(q.shape, device="cuda", dtype=q.dtype, generator=g)
+    b, s, h, d = q.shape
+    out_c = torch.randn(b, h, s // 64, d, device="cuda", dtype=q.dtype, generator=g)
+    out = torch.empty_like(q)
+    tsz = case.sizes.to(torch.int32).contiguous()
+
+    def cudnn_path():
+        vv = v if case.all_full else sanitize_kv_padding(None, v, tsz, 64, bshd=True)[1]
+        o, _ = C.cudnn_fwd_prebuilt(q, k, vv, cm, bshd=True, softmax_scale=None)
+        vsa_gate_fwd(o.transpose(1, 2), out_c, gate.transpose(1, 2), out.transpose(1, 2), block=64,
+                     config={"num_warps": 8})
+        return out
+
+    res = {"gate_cudnn_path_ms": do_bench(cudnn_path, warmup=args.warmup, rep=args.rep)}
+    try:
+        fused = ours(q, k, v, idx, num, sizes, bshd=True, gate=gate, out_c=out_c)[0]
+        ref = cudnn_path().clone()
+        res["gate_fused_ms"] = do_bench(lambda: ours(q, k, v, idx, num, sizes, bshd=True, gate=gate, out_c=out_c),
+                                        warmup=args.warmup, rep=args.rep)
+        res["gate_fused_vs_cudnn_path"] = res["gate_cudnn_path_ms"] / res["gate_fused_ms"]
+        res["gate_max_abs_diff"] = float((fused.float() - ref.float()).abs().max())
+    except Exception as e:  # the fused epilogue's first GPU run: report and go on
+        res["gate_fused_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
+    return res
 
 
 def main(argv=None):
@@ -126,6 +168,8 @@ def main(argv=None):
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--rep", type=int, default=50)
     ap.add_argument("--skip-timing", action="store_true")
+    ap.add_argument("--no-gate", dest="gate", action="store_false",
+                    help="skip the gate-composition comparison (cuDNN path vs the fused epilogue)")
     args = ap.parse_args(argv)
     import torch
 
