@@ -2,8 +2,10 @@
 
 Hopper: ``block_sparse_fwd64_sm90.BlockSparseFwd64Sm90`` (wgmma + TMA, one warpgroup, three CTAs
 per SM; sm_90a), verified on the H200 (tests/kernels/cute/test_block_sparse_fwd64_sm90_gpu.py) and
-measured beside cuDNN BSA's blk64 forward (``benchmarks/explore_fwd64_sm90.py``); not routed
-(slower than cuDNN's: docs/hopper-64-token.md).
+measured beside cuDNN BSA's blk64 forward (``benchmarks/explore_fwd64_sm90.py``: about 0.98x
+its rate, both L2-bound: docs/hopper-64-token.md). Routed (the ``sm90`` backend) for
+``video_sparse_attn``'s gated inference calls, with the gate composition fused in its epilogue
+(``fuse_gate``); plain block-sparse calls keep cuDNN.
 
 Only data-center Blackwell is targeted: sm_100 (B200/GB200) and sm_103 run the tcgen05 + TMA
 kernel (``block_sparse_fwd64_sm100.BlockSparseFwd64Sm100``). UNVERIFIED ON HARDWARE: it compiles
@@ -52,7 +54,9 @@ def sm90_kernel_class():
     return BlockSparseFwd64Sm90
 
 
-def sm90_kernel(dtype: str = "bfloat16", head_dim: int = 128, has_block_sizes: bool = True, fuse_gate: bool = False):
+def sm90_kernel(dtype: str = "bfloat16", head_dim: int = 128, has_block_sizes: bool = True, fuse_gate: bool = False,
+                **pipeline):
     """The sm_90 kernel object for one static configuration (``fuse_gate``: the VSA gate
-    composition in the epilogue, unverified on hardware)."""
-    return sm90_kernel_class()(dtype, head_dim, has_block_sizes=has_block_sizes, fuse_gate=fuse_gate)
+    composition in the epilogue, verified on the H200; ``pipeline``: ``k_stages``, ``v_stages``, ``ctas_per_sm``,
+    ``stmatrix_epilogue``, the kernel's defaults when left out)."""
+    return sm90_kernel_class()(dtype, head_dim, has_block_sizes=has_block_sizes, fuse_gate=fuse_gate, **pipeline)

@@ -24,17 +24,23 @@ specialisation; the latency is hidden by three CTAs per SM, ``min_blocks_per_mp=
     (generic-proxy stores, ``fence.proxy.async`` and a CTA barrier: only on partial tiles);
   - the epilogue normalises O, writes the LSE, stages O in Q's buffer and stores it by TMA (rows
     past the sequence are clipped by the TMA unit);
-  - ``fuse_gate`` (a configuration; UNVERIFIED ON HARDWARE, compiled and SASS-checked only): the
-    epilogue returns ``out_s + gate * out_c`` (VSA's gate composition: the gate tile arrives by
-    TMA in K's slot once the last S has retired, on K's barrier; out_c's row of the query tile is
-    read per column; fp32, rounded once), so the composition needs no pass of its own.
+  - ``fuse_gate`` (a configuration; verified on the H200): the epilogue returns
+    ``out_s + gate * out_c`` (VSA's gate composition: the gate tile arrives by TMA in a K slot
+    once the last S has retired, on that slot's barrier; out_c's row of the query tile is read per
+    column; fp32, rounded once), so the composition needs no pass of its own;
+  - the pipeline is a configuration too (``k_stages`` 1-3 K slots, ``v_stages`` 2-3 V slots,
+    ``ctas_per_sm``, ``stmatrix_epilogue``): with ``k_stages`` slots K[j + k_stages] is issued once
+    S[j] retires, with three V slots V[j + 1] is issued at step j. The default (one K slot, two V
+    slots, three CTAs per SM) is the fastest measured on the H200; two CTAs with deeper rings were
+    9-20 % slower (``benchmarks/results/fwd64_sm90_h200_v4.json``, docs/hopper-64-token.md).
 
 Layouts (the cuDNN-frontend blk64 entry's, so one host path serves both): q / k / out
 ``(S, D, H, B)``, v ``(D, S, H, B)`` (unit stride on D, 128-byte aligned bases, every other stride
 dynamic), lse fp32 ``(S, H, B)``, idx int32 ``(W, Qb, H, B)``, num int32 ``(Qb, H, B)``, sizes int32
 ``(KVb,)`` or None; with ``fuse_gate`` also gate ``(S, D, H, B)`` (q's layout) and out_c
-``(D, Qb, H, B)`` (unit stride on D), else None. head_dim 64 or 128, fp16/bf16. Shared memory: (64 D) x 4 x 2 B + barriers:
-64 KB + 32 B at D = 128, three CTAs per SM within the H200's 227 KB.
+``(D, Qb, H, B)`` (unit stride on D), else None. head_dim 64 or 128, fp16/bf16. Shared memory
+(default pipeline): (64 D) x 4 x 2 B + barriers, 64 KB + 32 B at D = 128, three CTAs per SM within
+the H200's 227 KB (``__init__`` refuses a pipeline whose CTAs do not fit).
 """
 
 from __future__ import annotations
@@ -57,17 +63,23 @@ from fastvideo_cute.jit import CuteKernel, fake_stream
 
 from ..common.softmax import finalize_row, mask_keys_mn, online_softmax_rows
 
-__all__ = ["BlockSparseFwd64Sm90", "BLOCK", "HEAD_DIMS", "DTYPE_NAMES", "BASE_ALIGN"]
+__all__ = ["BlockSparseFwd64Sm90", "BLOCK", "HEAD_DIMS", "DTYPE_NAMES", "BASE_ALIGN", "SMEM_PER_SM", "smem_bytes"]
 
 BLOCK = 64
 HEAD_DIMS = (64, 128)
 DTYPE_NAMES = ("float16", "bfloat16")
 BASE_ALIGN = 128
 THREADS = 128
-V_STAGES = 2
-CTAS_PER_SM = 3
 PV_STEP = 16  # keys per wgmma k-step of P V
 _CUTE_DTYPES = {"float16": cutlass.Float16, "bfloat16": cutlass.BFloat16}
+SMEM_PER_SM = 227 * 1024  # the H100/H200 shared memory a kernel may use per SM
+SMEM_RESERVED_PER_CTA = 1024  # the driver's per-CTA reservation
+
+
+def smem_bytes(head_dim: int, k_stages: int, v_stages: int) -> int:
+    """Dynamic shared memory of one CTA: Q + the K and V rings (64 x D, 2 B each), barriers and the
+    1 KB alignment slack of the buffers."""
+    return BLOCK * head_dim * 2 * (1 + k_stages + v_stages) + 8 * (2 + k_stages + v_stages) + 1024
 
 
 @cute.jit
@@ -88,19 +100,35 @@ class BlockSparseFwd64Sm90(CuteKernel):
     name = "block_sparse_fwd64_sm90"
 
     def __init__(self, dtype: str = "bfloat16", head_dim: int = 128, *, has_block_sizes: bool = True,
-                 fuse_gate: bool = False):
+                 fuse_gate: bool = False, k_stages: int = 1, v_stages: int = 2, ctas_per_sm: int = 3,
+                 stmatrix_epilogue: bool = False):
         if dtype not in DTYPE_NAMES:
             raise ValueError(f"dtype must be one of {DTYPE_NAMES}, got {dtype!r}")
         if head_dim not in HEAD_DIMS:
             raise ValueError(f"head_dim must be one of {HEAD_DIMS}, got {head_dim!r}")
+        if k_stages not in (1, 2, 3):
+            raise ValueError(f"k_stages must be 1, 2 or 3, got {k_stages!r}")
+        if v_stages not in (2, 3):
+            raise ValueError(f"v_stages must be 2 or 3, got {v_stages!r}")
+        if ctas_per_sm not in (1, 2, 3):
+            raise ValueError(f"ctas_per_sm must be 1, 2 or 3, got {ctas_per_sm!r}")
+        need = ctas_per_sm * (smem_bytes(head_dim, k_stages, v_stages) + SMEM_RESERVED_PER_CTA)
+        if need > SMEM_PER_SM:
+            raise ValueError(f"k_stages={k_stages}, v_stages={v_stages} at head_dim {head_dim} need {need} B of "
+                             f"shared memory for {ctas_per_sm} CTAs per SM; the SM has {SMEM_PER_SM}")
         self.dtype_name = dtype
         self.head_dim = int(head_dim)
         self.has_block_sizes = bool(has_block_sizes)
         self.fuse_gate = bool(fuse_gate)
+        self.k_stages = int(k_stages)
+        self.v_stages = int(v_stages)
+        self.ctas_per_sm = int(ctas_per_sm)
+        self.stmatrix_epilogue = bool(stmatrix_epilogue)
 
     def config(self) -> Mapping[str, Any]:
         return {"dtype": self.dtype_name, "head_dim": self.head_dim, "has_block_sizes": self.has_block_sizes,
-                "fuse_gate": self.fuse_gate}
+                "fuse_gate": self.fuse_gate, "k_stages": self.k_stages, "v_stages": self.v_stages,
+                "ctas_per_sm": self.ctas_per_sm, "stmatrix_epilogue": self.stmatrix_epilogue}
 
     def fake_args(self) -> tuple:
         dt = _CUTE_DTYPES[self.dtype_name]
@@ -140,17 +168,18 @@ class BlockSparseFwd64Sm90(CuteKernel):
         k_atom = warpgroup.make_smem_layout_atom(warpgroup.SmemLayoutAtomKind.K_SW128, dt)
         mn_atom = warpgroup.make_smem_layout_atom(warpgroup.SmemLayoutAtomKind.MN_SW128, dt)
         sQ_layout = cute.tile_to_shape(k_atom, (BLOCK, d), order=(0, 1))
-        sK_layout = cute.tile_to_shape(k_atom, (BLOCK, d), order=(0, 1))
-        sV_layout = cute.tile_to_shape(mn_atom, (d, BLOCK, V_STAGES), order=(1, 0, 2))
+        sK_layout = cute.tile_to_shape(k_atom, (BLOCK, d, self.k_stages), order=(0, 1, 2))
+        sK_one = cute.slice_(sK_layout, (None, None, 0))
+        sV_layout = cute.tile_to_shape(mn_atom, (d, BLOCK, self.v_stages), order=(1, 0, 2))
         sV_one = cute.slice_(sV_layout, (None, None, 0))
 
         g2s = cpasync.CopyBulkTensorTileG2SOp()
         tma_atom_Q, tma_Q = cpasync.make_tiled_tma_atom(g2s, mQ, sQ_layout, (BLOCK, d))
-        tma_atom_K, tma_K = cpasync.make_tiled_tma_atom(g2s, mK, sK_layout, (BLOCK, d))
+        tma_atom_K, tma_K = cpasync.make_tiled_tma_atom(g2s, mK, sK_one, (BLOCK, d))
         tma_atom_V, tma_V = cpasync.make_tiled_tma_atom(g2s, mV, sV_one, (d, BLOCK))
         tma_atom_O, tma_O = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileS2GOp(), mO, sQ_layout, (BLOCK, d))
         if const_expr(self.fuse_gate):  # the gate tile lands in K's slot once the last S has retired
-            tma_atom_G, tma_G = cpasync.make_tiled_tma_atom(g2s, static_dim(mGate, 1), sK_layout, (BLOCK, d))
+            tma_atom_G, tma_G = cpasync.make_tiled_tma_atom(g2s, static_dim(mGate, 1), sK_one, (BLOCK, d))
         else:
             tma_atom_G, tma_G = tma_atom_K, tma_K  # placeholders, never used
         out_c = mOutC if const_expr(self.fuse_gate) else mNum
@@ -164,8 +193,8 @@ class BlockSparseFwd64Sm90(CuteKernel):
         @cute.struct
         class SharedStorage:
             bar_q: cute.struct.MemRange[cutlass.Int64, 1]
-            bar_k: cute.struct.MemRange[cutlass.Int64, 1]
-            bar_v: cute.struct.MemRange[cutlass.Int64, V_STAGES]
+            bar_k: cute.struct.MemRange[cutlass.Int64, self.k_stages]
+            bar_v: cute.struct.MemRange[cutlass.Int64, self.v_stages]
             sQ: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sQ_layout)], 1024]
             sK: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sK_layout)], 1024]
             sV: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sV_layout)], 1024]
@@ -181,7 +210,7 @@ class BlockSparseFwd64Sm90(CuteKernel):
                  # three CTAs per SM: ptxas caps a thread at 65536 / 384 registers; the full
                  # shared-memory carveout is asked for explicitly (it also keeps the build free of
                  # the device query the DSL makes otherwise, so it cross-compiles without a GPU)
-                 min_blocks_per_mp=CTAS_PER_SM, preferred_smem_carveout=100)
+                 min_blocks_per_mp=self.ctas_per_sm, preferred_smem_carveout=100)
 
     # ------------------------------------------------------------------ device side
     @cute.jit
@@ -236,7 +265,8 @@ class BlockSparseFwd64Sm90(CuteKernel):
         seqlen_q = mQ.shape[0]
         seqlen_k = mK.shape[0]
         width = mIdx.shape[0]
-        tx = {"q": cute.size_in_bytes(dt, sQ_layout), "k": cute.size_in_bytes(dt, sK_layout),
+        ks, vs = self.k_stages, self.v_stages
+        tx = {"q": cute.size_in_bytes(dt, sQ_layout), "k": cute.size_in_bytes(dt, cute.slice_(sK_layout, (None, None, 0))),
               "v": cute.size_in_bytes(dt, cute.slice_(sV_layout, (None, None, 0)))}
 
         if warp_idx == 0:
@@ -249,8 +279,8 @@ class BlockSparseFwd64Sm90(CuteKernel):
         tma_op = pipeline.PipelineOp.TmaLoad
         one = pipeline.CooperativeGroup(pipeline.Agent.Thread)
         bar_q = pipeline.MbarrierArray(storage.bar_q.data_ptr(), num_stages=1, agent=(tma_op, one))
-        bar_k = pipeline.MbarrierArray(storage.bar_k.data_ptr(), num_stages=1, agent=(tma_op, one))
-        bar_v = pipeline.MbarrierArray(storage.bar_v.data_ptr(), num_stages=V_STAGES, agent=(tma_op, one))
+        bar_k = pipeline.MbarrierArray(storage.bar_k.data_ptr(), num_stages=ks, agent=(tma_op, one))
+        bar_v = pipeline.MbarrierArray(storage.bar_v.data_ptr(), num_stages=vs, agent=(tma_op, one))
         cute.arch.mbarrier_init_fence()
 
         sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
@@ -269,8 +299,8 @@ class BlockSparseFwd64Sm90(CuteKernel):
         thr_qk = mma_qk.get_slice(tidx)
         thr_pv = mma_pv.get_slice(tidx)
         tSrQ = thr_qk.make_fragment_A(thr_qk.partition_A(sQ))
-        tSrK = thr_qk.make_fragment_B(thr_qk.partition_B(sK))
-        tOrV = thr_pv.make_fragment_B(thr_pv.partition_B(sV))  # (..., V_STAGES)
+        tSrK = thr_qk.make_fragment_B(thr_qk.partition_B(sK))  # (..., k stages)
+        tOrV = thr_pv.make_fragment_B(thr_pv.partition_B(sV))  # (..., v stages)
         acc_S = cute.make_rmem_tensor(thr_qk.partition_shape_C((BLOCK, BLOCK)), Float32)
         acc_O = cute.make_rmem_tensor(thr_pv.partition_shape_C((BLOCK, d)), Float32)
         acc_O.fill(0.0)
@@ -298,11 +328,17 @@ class BlockSparseFwd64Sm90(CuteKernel):
         count = cutlass.min(cutlass.max(mNum[qt, h, b], Int32(0)), width)
 
         if count > 0:
+            # Prologue: K[0 .. ks-1] fill the K ring, V[0 .. vs-2] the V ring (V[j + vs - 2] is
+            # issued at step j, into the slot whose P V retired at step j - 1).
             if warp_idx == 0:
-                bar_k.arrive_and_expect_tx(0, tx["k"])
-                cute.copy(tma_atom_K, tKgK[None, n_cur], tKsK, tma_bar_ptr=bar_k.get_barrier(0))
-                bar_v.arrive_and_expect_tx(0, tx["v"])
-                cute.copy(tma_atom_V, tVgV[None, n_cur], tVsV[None, 0], tma_bar_ptr=bar_v.get_barrier(0))
+                self.load_tile(tma_atom_K, tKgK, tKsK, bar_k, tx["k"], 0, n_cur)
+                self.load_tile(tma_atom_V, tVgV, tVsV, bar_v, tx["v"], 0, n_cur)
+                for i in cutlass.range_constexpr(1, ks):
+                    if i < count:
+                        self.load_tile(tma_atom_K, tKgK, tKsK, bar_k, tx["k"], i, gIdx[i])
+                for i in cutlass.range_constexpr(1, vs - 1):
+                    if i < count:
+                        self.load_tile(tma_atom_V, tVgV, tVsV, bar_v, tx["v"], i, gIdx[i])
             n_next = Int32(0)
             if count > 1:
                 n_next = gIdx[1]
@@ -311,11 +347,10 @@ class BlockSparseFwd64Sm90(CuteKernel):
             # ---- step 0: S[0], no P V yet
             bar_k.wait(0, 0)
             bar_q.wait(0, 0)
-            self.gemm(mma_qk, acc_S, tSrQ, tSrK, zero_init=True)
+            self.gemm(mma_qk, acc_S, tSrQ, tSrK[None, None, None, 0], zero_init=True)
             warpgroup.wait_group(0)
-            if warp_idx == 0 and count > 1:
-                bar_k.arrive_and_expect_tx(0, tx["k"])
-                cute.copy(tma_atom_K, tKgK[None, n_next], tKsK, tma_bar_ptr=bar_k.get_barrier(0))
+            if warp_idx == 0 and ks < count:  # K[ks] into the slot S[0] freed
+                self.load_tile(tma_atom_K, tKgK, tKsK, bar_k, tx["k"], 0, n_next if const_expr(ks == 1) else gIdx[ks])
             self.softmax(acc_S, acc_S_mn, tScS, keys_cur, row_max, row_sum, alpha, scale_log2)
             rP.store(tP_view.load().to(dt))
             keys_prev = keys_cur
@@ -325,35 +360,37 @@ class BlockSparseFwd64Sm90(CuteKernel):
                 n_cur = n_next
                 if j + 1 < count:
                     n_next = gIdx[j + 1]
+                n_k = n_next  # K[j + ks]'s tile: read now, issued once S[j] retires
+                if const_expr(ks > 1):
+                    if j + ks < count:
+                        n_k = gIdx[j + ks]
                 keys_cur = self.tile_keys(mSizes, n_cur, seqlen_k)
-                slot = j % V_STAGES
-                if warp_idx == 0:
-                    bar_v.arrive_and_expect_tx(slot, tx["v"])
-                    cute.copy(tma_atom_V, tVgV[None, n_cur], tVsV[None, slot], tma_bar_ptr=bar_v.get_barrier(slot))
-                bar_k.wait(0, j % 2)
-                self.gemm(mma_qk, acc_S, tSrQ, tSrK, zero_init=True)
+                if warp_idx == 0 and j + vs - 2 < count:  # V[j + vs - 2]
+                    self.load_tile(tma_atom_V, tVgV, tVsV, bar_v, tx["v"], (j + vs - 2) % vs, n_cur if const_expr(vs == 2) else n_next)
+                k_slot = j % ks
+                bar_k.wait(k_slot, (j // ks) % 2)
+                self.gemm(mma_qk, acc_S, tSrQ, tSrK[None, None, None, k_slot], zero_init=True)
                 self.rescale_o(acc_O_mn, alpha, num_rows)
-                prev = (j - 1) % V_STAGES
-                bar_v.wait(prev, ((j - 1) // V_STAGES) % 2)
+                prev = (j - 1) % vs
+                bar_v.wait(prev, ((j - 1) // vs) % 2)
                 if keys_prev % PV_STEP != 0:
                     self.zero_v_padding(sV, prev, keys_prev, tidx)
                 self.gemm_pv(mma_pv, acc_O, rP, tOrV[None, None, None, prev], keys_prev)
                 warpgroup.wait_group(1)  # S[j] retired; P V[j-1] may still run
-                if warp_idx == 0 and j + 1 < count:
-                    bar_k.arrive_and_expect_tx(0, tx["k"])
-                    cute.copy(tma_atom_K, tKgK[None, n_next], tKsK, tma_bar_ptr=bar_k.get_barrier(0))
+                if warp_idx == 0 and j + ks < count:
+                    self.load_tile(tma_atom_K, tKgK, tKsK, bar_k, tx["k"], k_slot, n_k)
                 self.softmax(acc_S, acc_S_mn, tScS, keys_cur, row_max, row_sum, alpha, scale_log2)
                 warpgroup.wait_group(0)  # P V[j-1] retired: P's registers are free
                 rP.store(tP_view.load().to(dt))
                 keys_prev = keys_cur
 
-            # ---- drain: P V[count-1]; S[count-1] has retired, so the gate tile can take K's slot
+            # ---- drain: P V[count-1]; every S has retired, so the gate tile can take a K slot
             if const_expr(self.fuse_gate):
                 if warp_idx == 0:
-                    self.load_gate(tma_atom_G, mG, sK, bar_k, tx["k"], qt, h, b)
-            last = (count - 1) % V_STAGES
+                    self.load_gate(tma_atom_G, mG, sK, bar_k, tx["k"], count % ks, qt, h, b)
+            last = (count - 1) % vs
             self.rescale_o(acc_O_mn, alpha, num_rows)
-            bar_v.wait(last, ((count - 1) // V_STAGES) % 2)
+            bar_v.wait(last, ((count - 1) // vs) % 2)
             if keys_prev % PV_STEP != 0:
                 self.zero_v_padding(sV, last, keys_prev, tidx)
             self.gemm_pv(mma_pv, acc_O, rP, tOrV[None, None, None, last], keys_prev)
@@ -363,7 +400,7 @@ class BlockSparseFwd64Sm90(CuteKernel):
             bar_q.wait(0, 0)  # Q landed before its buffer takes O
             if const_expr(self.fuse_gate):
                 if warp_idx == 0:
-                    self.load_gate(tma_atom_G, mG, sK, bar_k, tx["k"], qt, h, b)
+                    self.load_gate(tma_atom_G, mG, sK, bar_k, tx["k"], Int32(0), qt, h, b)
 
         # ---- epilogue: normalise, LSE, O through Q's buffer by TMA
         tOcO_mn = layout_utils.reshape_acc_to_mn(thr_pv.partition_C(cute.make_identity_tensor((BLOCK, d))))
@@ -371,10 +408,12 @@ class BlockSparseFwd64Sm90(CuteKernel):
         thr_copy_O = cute.make_tiled_copy_C(st_atom, mma_pv).get_slice(tidx)
         rG_mn = acc_O_mn  # (unused without the gate)
         if const_expr(self.fuse_gate):
-            # the gate tile's (count + 1)-th completion of K's barrier: count K tiles came before it
-            bar_k.wait(0, count % 2)
+            # the gate tile is K slot (count % ks)'s (count // ks + 1)-th completion: count // ks
+            # K tiles went through that slot before it
+            g_slot = count % self.k_stages
+            bar_k.wait(g_slot, (count // self.k_stages) % 2)
             rG = cute.make_rmem_tensor_like(acc_O, dt)
-            cute.copy(thr_copy_O, thr_copy_O.partition_S(sK), thr_copy_O.retile(rG))
+            cute.copy(thr_copy_O, thr_copy_O.partition_S(sK[None, None, g_slot]), thr_copy_O.retile(rG))
             rG_mn = layout_utils.reshape_acc_to_mn(rG)
         num_cols = cute.size(acc_O_mn, mode=[1])
         oc = cute.make_rmem_tensor((num_cols,), Float32)
@@ -395,7 +434,12 @@ class BlockSparseFwd64Sm90(CuteKernel):
         rO.store(acc_O.load().to(dt))
         cute.arch.barrier()  # every warp's wgmma reads of Q are done before Q's buffer takes O
         sO = sQ
-        cute.copy(thr_copy_O, thr_copy_O.retile(rO), thr_copy_O.partition_D(sO))
+        if const_expr(self.stmatrix_epilogue):  # stmatrix: 4 8x8 matrices per instruction
+            st_o = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(num_matrices=4), dt)
+            thr_st = cute.make_tiled_copy_C(st_o, mma_pv).get_slice(tidx)
+            cute.copy(thr_st, thr_st.retile(rO), thr_st.partition_D(sO))
+        else:
+            cute.copy(thr_copy_O, thr_copy_O.retile(rO), thr_copy_O.partition_D(sO))
         cute.arch.fence_proxy("async.shared", space="cta")
         cute.arch.barrier()
         if warp_idx == 0:
@@ -406,14 +450,21 @@ class BlockSparseFwd64Sm90(CuteKernel):
             cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     @cute.jit
+    def load_tile(self, tma_atom: cute.CopyAtom, tXgX: cute.Tensor, tXsX: cute.Tensor, bar, tx_bytes: cutlass.Constexpr,
+                  slot: Int32, n: Int32):
+        """(warp 0) kv tile ``n`` into ring slot ``slot``, on that slot's transaction barrier."""
+        bar.arrive_and_expect_tx(slot, tx_bytes)
+        cute.copy(tma_atom, tXgX[None, n], tXsX[None, slot], tma_bar_ptr=bar.get_barrier(slot))
+
+    @cute.jit
     def load_gate(self, tma_atom_G, mG: cute.Tensor, sK: cute.Tensor, bar_k, tx_bytes: cutlass.Constexpr,
-                  qt: Int32, h: Int32, b: Int32):
-        """(warp 0) The query tile's gate rows into K's slot, on K's barrier."""
+                  slot: Int32, qt: Int32, h: Int32, b: Int32):
+        """(warp 0) The query tile's gate rows into K slot ``slot``, on that slot's barrier."""
         gG = cute.local_tile(mG[None, None, h, b], (BLOCK, self.head_dim), (qt, 0))
         tGsG, tGgG = cpasync.tma_partition(tma_atom_G, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2),
                                            cute.group_modes(gG, 0, 2))
-        bar_k.arrive_and_expect_tx(0, tx_bytes)
-        cute.copy(tma_atom_G, tGgG, tGsG, tma_bar_ptr=bar_k.get_barrier(0))
+        bar_k.arrive_and_expect_tx(slot, tx_bytes)
+        cute.copy(tma_atom_G, tGgG, tGsG[None, slot], tma_bar_ptr=bar_k.get_barrier(slot))
 
     @cute.jit
     def gemm(self, tiled_mma: cute.TiledMma, acc: cute.Tensor, tCrA: cute.Tensor, tCrB: cute.Tensor,
