@@ -17,7 +17,7 @@ from torch import Tensor
 from .backends.registry import supported_head_dims
 from .call import call_info
 from .ops import EMPTY_ROUTE, _refuse_forward_ad, block_sparse_attn_op
-from .routes import select_route_name
+from .routes import select_vsa_route_name
 from .validation import check_block_map, check_block_sizes, check_qkv
 from .vsa_autograd import video_sparse_attn_fn
 
@@ -154,7 +154,10 @@ def _video_sparse(q, k, v, variable_block_sizes, q_variable_block_sizes, topk, b
     if q.device.type == "meta" or shapes.batch == 0 or shapes.heads == 0:
         route = EMPTY_ROUTE
     else:
-        route = select_route_name(call_info(q, k, block_elements, need_grad, bshd, False, kv_sizes))
+        # Gated inference on sm_90 with 64-token blocks: the sm90 forward with the gate fused
+        # (routes.select_vsa_routes); everything else as block_sparse_attn routes.
+        route = select_vsa_route_name(call_info(q, k, block_elements, need_grad, bshd, False, kv_sizes),
+                                      compress_attn_weight is not None)
     return video_sparse_attn_fn(q, k, v, compress_attn_weight, q_sizes, kv_sizes, topk=topk, block=block_elements,
                                 bshd=bshd, sm_scale=sm_scale, route=route,
                                 range_checked=not torch.compiler.is_compiling(), need_grad=need_grad)

@@ -15,8 +15,13 @@ autograd saves for the backward: the forward and backward of one call always run
 also inside a compiled graph. The sizes range check runs inside the forward op, so it holds under
 ``torch.compile`` too (see :func:`fastvideo_cute.validation.check_sizes_range`).
 
+``fastvideo_cute::block_sparse_attn_fwd_gated`` is ``video_sparse_attn``'s inference forward
+on a backend that fuses the gate composition into its epilogue (``fuses_gate``, the ``sm90``
+backend): it returns ``out_s + gate * out_c`` and has no autograd (only no-grad calls take it).
+
 ``dispatch_counts`` counts, per ``(backend, "fwd" | "bwd")``, the calls the ops ran on each
-backend (tests observe which backend served a call through it).
+backend (tests observe which backend served a call through it; the gated forward counts as
+``"fwd"``).
 """
 
 from __future__ import annotations
@@ -81,6 +86,31 @@ def _fwd_fake(q, k, v, block_map, kv_block_sizes, block_size, bshd, need_grad, s
               range_checked, q2k_idx=None, q2k_num=None, kv_padding_zero=False):
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     return out, q.new_empty(_bhs(q, bshd), dtype=torch.float32)
+
+
+def _fwd_gated_impl(q: Tensor, k: Tensor, v: Tensor, kv_block_sizes: Tensor, block_size: int, bshd: bool,
+                    sm_scale: float, route: str, range_checked: bool, q2k_idx: Tensor, q2k_num: Tensor, gate: Tensor,
+                    out_c: Tensor) -> Tensor:
+    """``video_sparse_attn``'s inference forward on a backend whose epilogue fuses the gate
+    (``fuses_gate``: ``sm90``): ``out_s + gate * out_c`` (``out_c`` ``[B, H, Qb, D]``, one row per q
+    block), the LSE not returned (the VSA discards it). No autograd: only no-grad calls take it."""
+    if not range_checked:  # traced by torch.compile: the API's eager check did not run
+        check_sizes_range(kv_block_sizes, block_size)
+    route = route.split(ROUTE_SEP)[0]
+    dispatch_counts[(route, "fwd")] += 1
+    out, _ = BACKENDS[route].forward_gated(q, k, v, _sparsity(None, q2k_idx, q2k_num, kv_block_sizes),
+                                           kv_block_sizes, gate, out_c, block_size=block_size, bshd=bshd,
+                                           sm_scale=sm_scale)
+    return out
+
+
+_fwd_gated = torch.library.custom_op("fastvideo_cute::block_sparse_attn_fwd_gated", mutates_args=())(_fwd_gated_impl)
+
+
+@_fwd_gated.register_fake
+def _fwd_gated_fake(q, k, v, kv_block_sizes, block_size, bshd, sm_scale, route, range_checked, q2k_idx, q2k_num,
+                    gate, out_c):
+    return torch.empty_like(q, memory_format=torch.contiguous_format)
 
 
 def _bwd_impl(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, block_map: Optional[Tensor],

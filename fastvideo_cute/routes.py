@@ -12,6 +12,13 @@ of a compiled call always run on the same backend (re-trace to pick up a changed
   kernels where FA4 cannot serve).
 - ``FASTVIDEO_VSA_BACKEND=<name>`` forces one named backend (``triton``, ``fa4``, ``sm120``, ...).
 
+``video_sparse_attn`` adds one rule before these (:func:`select_vsa_route_name`): an inference
+call (no grad) with a gate that the ``sm90`` backend serves, verified on this arch (sm_90,
+64-token blocks), takes ``sm90`` unless a backend is named or Triton forced: its kernel fuses the
+gate composition into the forward's epilogue and masks K/V padding itself, 1.01-1.06x the cuDNN
+path (``benchmarks/results/fwd64_sm90_h200_v3.json``). Plain ``block_sparse_attn`` calls keep
+the table (cuDNN: the plain sm90 kernel is 0.94-1.0x its forward).
+
 A forced backend that cannot serve a call raises :class:`RouteError` with the reason. An
 automatic fallback (CuTe asked for, not forced by name, cannot serve this call) logs the reason
 once per distinct reason and takes the Triton route. No silent wrong answers.
@@ -44,9 +51,12 @@ from .route_table import RouteTable, RouteTableError, active_route_table, class_
 logger = logging.getLogger("fastvideo_cute")
 
 __all__ = ["RouteError", "EnvError", "CallInfo", "call_info", "select_route", "select_routes", "select_route_name",
-           "route_names", "cute_preferences", "env_flag", "ROUTE_SEP"]
+           "select_vsa_routes", "select_vsa_route_name", "route_names", "cute_preferences", "env_flag", "ROUTE_SEP",
+           "VSA_GATED_BACKEND"]
 
 ROUTE_SEP = "|"  # "forward backend|backward backend" in the op's route argument
+#: the backend video_sparse_attn's gated inference calls take where it serves them (select_vsa_routes)
+VSA_GATED_BACKEND = "sm90"
 # CallInfo's fields in order (Dynamo cannot trace dataclasses.fields; a test keeps this in step).
 CALL_FIELDS = ("op", "device_type", "arch", "dtype", "head_dim", "block_size", "need_grad", "batch", "heads", "q_len",
                "kv_len", "bshd", "need_lse", "kv_all_full")
@@ -194,4 +204,45 @@ def select_route_name(info: CallInfo) -> str:
         # Plain fields, not the dataclass: Dynamo passes constant-result functions plain values only.
         return _select_names_traced(*[getattr(info, name) for name in CALL_FIELDS])
     fwd, bwd = select_routes(info)
+    return fwd.name + ROUTE_SEP + bwd.name
+
+
+def _vsa_gated_backend(info: CallInfo, gated: bool) -> Optional[Backend]:
+    """The VSA rule: the gated-inference backend for this call, or None (then the rules above)."""
+    if not gated or info.need_grad:
+        return None
+    want_triton, _, named = route_request()  # malformed or conflicting variables raise here too
+    if named or want_triton:
+        return None
+    backend = BACKENDS.get(VSA_GATED_BACKEND)
+    if backend is None or not backend.verified_on(info.arch) or not backend.support(info)[0]:
+        return None
+    return backend
+
+
+def select_vsa_routes(info: CallInfo, gated: bool) -> Tuple[Backend, Backend]:
+    """:func:`select_routes` for ``video_sparse_attn``'s sparse branch: with no backend named and
+    Triton not forced, an inference call with a gate (``gated``) that ``sm90`` serves, verified on
+    this arch, takes ``sm90`` for its forward (its epilogue fuses the gate); every other call takes
+    :func:`select_routes`'s answer (a named backend that cannot serve still raises there)."""
+    backend = _vsa_gated_backend(info, gated)
+    if backend is not None:
+        return backend, backend
+    return select_routes(info)
+
+
+def _select_vsa_names_traced(gated, *fields) -> str:
+    fwd, bwd = select_vsa_routes(CallInfo(*fields), gated)
+    return fwd.name + ROUTE_SEP + bwd.name
+
+
+_select_vsa_names_traced._dynamo_marked_constant = True  # as _select_names_traced
+
+
+def select_vsa_route_name(info: CallInfo, gated: bool) -> str:
+    """``"<forward backend>|<backward backend>"`` of :func:`select_vsa_routes`; a constant of the
+    graph while ``torch.compile`` traces (as :func:`select_route_name`)."""
+    if torch.compiler.is_compiling():
+        return _select_vsa_names_traced(bool(gated), *[getattr(info, name) for name in CALL_FIELDS])
+    fwd, bwd = select_vsa_routes(info, gated)
     return fwd.name + ROUTE_SEP + bwd.name

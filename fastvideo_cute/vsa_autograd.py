@@ -8,7 +8,10 @@ padding rows zeroed, so the backend makes no sanitized copy of its own and the b
 those copies instead of k / v) -> coarse attention + top-k
 (``vsa_select``) -> q2k lists, handed to the block-sparse forward on the chosen route as they are
 (no bool map unless that route's kernels take one) ->
-``out = out_s + gate * out_c`` (``vsa_gate``).
+``out = out_s + gate * out_c`` (``vsa_gate``). An inference call with a gate on a route whose
+forward backend fuses the gate into its epilogue (``fuses_gate``: ``sm90``, chosen by
+``routes.select_vsa_routes``) runs ``block_sparse_attn_fwd_gated`` instead of the forward and
+the gate pass (that backend masks K/V padding itself, so no padding-zeroed copy is made either).
 
 Backward, in this order:
 
@@ -84,9 +87,14 @@ def _clean_plan(route: str, kv_sizes: Tensor, block: int, need_grad: bool):
     return clean_k or _zeroes_padding(fwd), clean_k
 
 
+def _fuses_gate(route: str) -> bool:
+    """Whether the route's forward backend returns ``out_s + gate * out_c`` itself (``sm90``)."""
+    return bool(getattr(BACKENDS.get(route.split(ROUTE_SEP)[0]), "fuses_gate", False))
+
+
 def _op(name: str):
     """The custom op while ``torch.compile`` traces (it must see the op), else its implementation."""
-    module = ops if name in ("_fwd", "_bwd") else vsa_ops
+    module = ops if name in ("_fwd", "_bwd", "_fwd_gated") else vsa_ops
     return getattr(module, name if torch.compiler.is_compiling() else name + "_impl")
 
 
@@ -105,9 +113,14 @@ class _VideoSparseAttn(torch.autograd.Function):
             qc, kc, vc = _op("_compress")(q, k, v, q_sizes, kv_sizes, block, bshd, range_checked)
         out_c, out_acc, lse_c, q2k_idx, q2k_num = _op("_select")(qc, kc, vc, kv_sizes, topk, sm_scale, q.dtype,
                                                                   need_grad)
-        out_s, lse_s = _op("_fwd")(q, k_run, v_run, None, kv_sizes, block, bshd, need_grad, sm_scale, need_grad,
-                                   route, range_checked, q2k_idx, q2k_num, clean_v)
-        out = _op("_gate")(out_s, out_c, gate, block, bshd)
+        if gate is not None and not need_grad and _fuses_gate(route):
+            # Inference with the gate fused into the forward's epilogue (sm90): no gate pass.
+            out = _op("_fwd_gated")(q, k_run, v_run, kv_sizes, block, bshd, sm_scale, route, range_checked,
+                                    q2k_idx, q2k_num, gate, out_c)
+        else:
+            out_s, lse_s = _op("_fwd")(q, k_run, v_run, None, kv_sizes, block, bshd, need_grad, sm_scale,
+                                       need_grad, route, range_checked, q2k_idx, q2k_num, clean_v)
+            out = _op("_gate")(out_s, out_c, gate, block, bshd)
         if need_grad:
             # With clean copies the backward reads them, not k / v: those are not kept (unless
             # they are also q or the gate, which the backward needs).

@@ -1,8 +1,13 @@
 """Host side of our sm_90a 64-token forward (``kernels/cute/block_sparse_fwd64/block_sparse_fwd64_sm90``).
 
-Not a route yet: the kernel is exact on the H200 but 0.93-0.95x cuDNN BSA's blk64 forward
-(``benchmarks/results/fwd64_sm90_h200.json``), so the route table keeps cuDNN. This module is
-what the GPU tests and ``benchmarks/explore_fwd64_sm90.py`` call.
+Verified on the H200 (tests/kernels/cute/test_block_sparse_fwd64_sm90_gpu.py: 18 passed, the
+fused-gate epilogue's ``test_fused_gate_matches_reference`` included). Served by the ``sm90``
+backend (:mod:`fastvideo_cute.backends.sm90_backend`), which the router picks for one call class
+only: ``video_sparse_attn`` inference (no grad) on sm_90 with 64-token blocks and a gate, where the
+fused gate saves cuDNN's padding-zeroed V copy and the separate gate pass (1.01-1.06x the cuDNN
+path, ``benchmarks/results/fwd64_sm90_h200_v3.json``). Plain ``block_sparse_attn`` calls stay on
+cuDNN BSA's blk64 forward (the plain kernel is 0.93-1.0x cuDNN's,
+``benchmarks/results/fwd64_sm90_h200.json``); the backend serves them only when named.
 
 :func:`sm90_fwd64` takes the library's q2k lists (``q2k_idx`` int32 ``[B, H, Qb, W]``, first
 ``q2k_num`` entries selected, the rest never read; ``q2k_num`` int32 ``[B, H, Qb]``) and the kv
@@ -10,7 +15,8 @@ block sizes (int32 ``[KVb]``, or None when every block is full), already validat
 library's checks, and returns ``(out, lse)``: out in the call layout (BHSD or BSHD, contiguous),
 lse natural-log fp32 ``[B, H, S_q]``. Padded K/V rows may hold anything (NaN/Inf included): the
 kernel masks them itself. :func:`sm90_fwd64_problems` says why a call cannot be served (None when
-it can), without a GPU sync.
+it can), without a GPU sync; :func:`tma_problem` is its per-tensor part (base alignment, strides),
+also what a gate must pass.
 
 Imports torch; the CuTe DSL only when a kernel is compiled.
 """
@@ -25,7 +31,7 @@ import torch
 
 from ..jit import compile_kernel
 
-__all__ = ["sm90_fwd64_problems", "sm90_fwd64", "HEAD_DIMS", "DTYPES"]
+__all__ = ["sm90_fwd64_problems", "sm90_fwd64", "tma_problem", "HEAD_DIMS", "DTYPES"]
 
 CAPABILITY = (9, 0)
 BLOCK = 64
@@ -64,42 +70,56 @@ def sm90_fwd64_problems(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, bs
     if q.numel() == 0 or k.numel() == 0:
         return "an empty tensor"
     for name, t in (("q", q), ("k", k), ("v", v)):
-        if t.data_ptr() % BASE_ALIGN:
-            return f"{name}'s base address is not {BASE_ALIGN}-byte aligned (TMA)"
-        if t.stride(-1) != 1:
-            return f"{name} has a non-unit last stride {t.stride(-1)}"
-        if any((st * t.element_size()) % STRIDE_ALIGN for st in t.stride()[:-1]):
-            return f"{name} has an outer stride that is not a multiple of {STRIDE_ALIGN} bytes (TMA)"
+        problem = tma_problem(name, t)
+        if problem is not None:
+            return problem
     return None
 
 
-def _kernel_fn(dtype: torch.dtype, head_dim: int, has_sizes: bool, fuse_gate: bool):
-    key = (dtype, head_dim, has_sizes, fuse_gate)
+def tma_problem(name: str, t: torch.Tensor) -> Optional[str]:
+    """None when ``t``'s base and strides suit the kernel's TMA descriptors (q, k, v, the gate),
+    else a one-line reason naming it. Fresh contiguous allocations always pass."""
+    if t.data_ptr() % BASE_ALIGN:
+        return f"{name}'s base address is not {BASE_ALIGN}-byte aligned (TMA)"
+    if t.stride(-1) != 1:
+        return f"{name} has a non-unit last stride {t.stride(-1)}"
+    if any((st * t.element_size()) % STRIDE_ALIGN for st in t.stride()[:-1]):
+        return f"{name} has an outer stride that is not a multiple of {STRIDE_ALIGN} bytes (TMA)"
+    return None
+
+
+def _kernel_fn(dtype: torch.dtype, head_dim: int, has_sizes: bool, fuse_gate: bool, variant: Tuple = ()):
+    key = (dtype, head_dim, has_sizes, fuse_gate, variant)
     fn = _COMPILED.get(key)
     if fn is None:
         from ..kernels.cute.block_sparse_fwd64 import sm90_kernel
 
-        fn = _COMPILED[key] = compile_kernel(sm90_kernel(DTYPES[dtype], head_dim, has_sizes, fuse_gate), "sm_90a")[0]
+        kernel = sm90_kernel(DTYPES[dtype], head_dim, has_sizes, fuse_gate, **dict(variant))
+        fn = _COMPILED[key] = compile_kernel(kernel, "sm_90a")[0]
     return fn
 
 
 def sm90_fwd64(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q2k_idx: torch.Tensor, q2k_num: torch.Tensor,
                block_sizes: Optional[torch.Tensor], *, bshd: bool, softmax_scale: Optional[float] = None,
                gate: Optional[torch.Tensor] = None,
-               out_c: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+               out_c: Optional[torch.Tensor] = None,
+               variant: Optional[Dict[str, Any]] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     """Our sm_90a 64-token forward: ``(out, lse)`` (module docstring). The call must pass
     :func:`sm90_fwd64_problems`; the lists are int32 and contiguous.
 
     ``gate`` (q's shape, layout and dtype; 128-byte aligned) with ``out_c`` (``[B, H, Qb, D]``,
     q's dtype, unit last stride): the kernel's epilogue returns ``out_s + gate * out_c`` (out_c's
     row of each q tile broadcast over its rows; fp32, rounded once) instead of ``out_s``, the VSA
-    gate composition without a pass of its own; the LSE stays the sparse branch's. UNVERIFIED ON
-    HARDWARE: compiled and SASS-checked on the CPU box only (its GPU test is
-    tests/kernels/cute/test_block_sparse_fwd64_sm90_gpu.py::test_fused_gate_matches_reference)."""
+    gate composition without a pass of its own; the LSE stays the sparse branch's. Verified on the
+    H200 (tests/kernels/cute/test_block_sparse_fwd64_sm90_gpu.py::test_fused_gate_matches_reference).
+
+    ``variant``: the kernel's pipeline configuration (``k_stages``, ``v_stages``, ``ctas_per_sm``,
+    ``stmatrix_epilogue`` of ``BlockSparseFwd64Sm90``), for the benchmark's sweep; None is the
+    kernel's default."""
     if (gate is None) != (out_c is None):
         raise ValueError("gate and out_c are given together or not at all")
     d = q.shape[3]
-    fn = _kernel_fn(q.dtype, d, block_sizes is not None, gate is not None)
+    fn = _kernel_fn(q.dtype, d, block_sizes is not None, gate is not None, tuple(sorted((variant or {}).items())))
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     if bshd:
         b, sq, h = q.shape[:3]

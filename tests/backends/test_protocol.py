@@ -17,6 +17,8 @@ CALLS = {
                       kv_len=4096, need_lse=False, kv_all_full=True),
     "sm100": CallInfo("block_sparse", "cuda", (10, 0), torch.bfloat16, 128, 64, True, heads=12, q_len=4096,
                       kv_len=4096),
+    "sm90": CallInfo("block_sparse", "cuda", (9, 0), torch.bfloat16, 128, 64, False, heads=12, q_len=4096,
+                     kv_len=4096, need_lse=False),
 }
 
 
@@ -58,3 +60,4 @@ def test_verified_on():
     assert BACKENDS["fa4"].verified_on((9, 0)) and not BACKENDS["fa4"].verified_on((10, 0))
     assert BACKENDS["sm120"].verified_on((9, 0)) and not BACKENDS["sm120"].verified_on((12, 1))
     assert not BACKENDS["sm100"].verified_on((10, 0))  # no sm_100 GPU has run its tests
+    assert BACKENDS["sm90"].verified_on((9, 0)) and not BACKENDS["sm90"].verified_on((10, 0))

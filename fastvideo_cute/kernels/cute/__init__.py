@@ -77,7 +77,7 @@ _FWD64_SM90 = CuteKernelSpec(
     forbid=("HMMA", "UTCHMMA"),
     notes="VSA forward + LSE, 64-token blocks: wgmma (S from shared memory, P V with P in registers), "
           "one warpgroup, 3 CTAs/SM, TMA Q/K/V(2 slots)/O, V padding zeroed in the kernel (verified on "
-          "the H200; not routed: 0.93-0.95x cuDNN)",
+          "the H200; the sm90 backend, routed for gated video_sparse_attn inference with fuse_gate)",
 )
 
 # The 64-token backward chain: preprocess/postprocess for sm_90a/sm_100a/sm_103a, the tcgen05 main

@@ -1,0 +1,126 @@
+"""Our sm_90a 64-token forward (:mod:`fastvideo_cute.adapters.cute_sm90_fwd64`: wgmma + TMA, one
+warpgroup, three CTAs per SM) as a forward-only backend, with the VSA gate fusable into its
+epilogue (:meth:`Sm90Backend.forward_gated`).
+
+What it serves: no-grad calls on sm_90 with 64-token blocks, fp16/bf16, head_dim 64/128, as many
+query heads as kv heads (``CallInfo.heads`` is both), ``q_len`` a multiple of 64, within the
+kernel's launch limits, with the CuTe DSL installed. It returns a real LSE (natural log, fp32
+``[B, H, S_q]``, ``-inf`` for a row without a key), so it can serve any forward; it masks K/V
+padding itself (``zeroes_kv_padding = False``: no padding-zeroed copy is made for it).
+
+Where the router sends it (``fastvideo_cute.routes``): only ``video_sparse_attn`` inference calls
+with a gate (``select_vsa_route_name``), where the fused epilogue saves cuDNN's V copy and the
+separate gate pass (1.02x / 1.01x / 1.06x the cuDNN path at S=32768 / 65536 / the Wan-1.3B grid on
+the H200, ``benchmarks/results/fwd64_sm90_h200_v3.json``). Not in the route table nor the CuTe
+preferences: for plain ``block_sparse_attn`` the kernel is 0.94-1.0x cuDNN's blk64 forward, so
+those calls reach it only by name (``FASTVIDEO_VSA_BACKEND=sm90``).
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Optional
+
+import torch
+
+from ..call import CallInfo
+from ..metadata import BlockSparsity
+from ..validation import has_partial_blocks
+from .base import CompileKey, Verdict, basic_key, module_installed
+
+__all__ = ["Sm90Backend"]
+
+_BLOCK = 64
+_DTYPES = (torch.float16, torch.bfloat16)
+_GRID_MAX = 65535  # gridDim.y (heads) and gridDim.z (batch): the launch grid is (Qb, H, B)
+_INT32_MAX = 2**31 - 1
+
+
+def _ready(name: str, t: torch.Tensor) -> torch.Tensor:
+    """``t``, or a fresh contiguous copy when its base or strides do not suit TMA (a slice of a
+    packed tensor may not; support() cannot see strides)."""
+    from ..adapters.cute_sm90_fwd64 import tma_problem
+
+    return t if tma_problem(name, t) is None else t.clone(memory_format=torch.contiguous_format)
+
+
+class Sm90Backend:
+    name = "sm90"
+    head_dims = (64, 128)
+    #: it masks K/V padding in the kernel (NaN/Inf padding is fine): no padding-zeroed copy
+    zeroes_kv_padding = False
+    #: ``forward_gated`` returns ``out_s + gate * out_c`` from the kernel's epilogue
+    fuses_gate = True
+    #: compute capabilities on which its GPU tests have passed (the H200)
+    VERIFIED = ((9, 0),)
+
+    def verified_on(self, arch) -> bool:
+        return arch is not None and tuple(arch) in self.VERIFIED
+
+    def support(self, call: CallInfo) -> Verdict:
+        if call.device_type != "cuda" or call.arch is None:
+            return False, "needs CUDA tensors"
+        if tuple(call.arch) != (9, 0):
+            return False, f"the wgmma 64-token forward is sm_90a only, not sm_{call.arch[0]}{call.arch[1]}"
+        if call.need_grad:
+            return False, "inference only (the sm90 64-token kernel is a forward; it has no backward)"
+        if call.block_size != _BLOCK:
+            return False, f"64-token blocks only, got {call.block_size}"
+        if call.dtype not in _DTYPES:
+            return False, f"float16 or bfloat16 only, got {call.dtype}"
+        if call.head_dim not in self.head_dims:
+            return False, f"head_dim one of {self.head_dims}, got {call.head_dim}"
+        if call.q_len % _BLOCK:
+            return False, f"q_len {call.q_len} is not a multiple of {_BLOCK}"
+        qb, kvb = call.q_len // _BLOCK, max(call.kv_len // _BLOCK, 1)
+        if (call.batch > _GRID_MAX or call.heads > _GRID_MAX or call.batch * call.heads * call.q_len > _INT32_MAX
+                or call.batch * call.heads * qb * kvb > _INT32_MAX):
+            return False, (f"exceeds the kernel's launch limits: batch and heads <= {_GRID_MAX}, "
+                           f"batch*heads*q_len and batch*heads*Qb*KVb <= {_INT32_MAX}")
+        if not module_installed("cutlass"):
+            return False, "the CuTe DSL is not installed (pip install 'fastvideo-cute[cute]')"
+        return True, "ok"
+
+    def compile_keys(self, call: CallInfo, gated: bool = False) -> Dict[str, CompileKey]:
+        """``gated``: the fused-gate epilogue variant (``forward_gated``), another compiled kernel."""
+        from ..kernels.cute.block_sparse_fwd64 import SM90_REGISTRY_NAME
+
+        detail = (("kernel", SM90_REGISTRY_NAME), ("tile", "64x64"), ("target", "sm_90a"),
+                  ("ragged", str(not call.kv_all_full)), ("gate", "fused" if gated else "none"))
+        return {"fwd": basic_key(self.name, call, "fwd", _BLOCK, detail)}
+
+    def _run(self, q, k, v, sparsity, kv_block_sizes, block_size: int, bshd: bool, sm_scale: float,
+             gate: Optional[torch.Tensor] = None, out_c: Optional[torch.Tensor] = None):
+        from ..adapters.cute_sm90_fwd64 import sm90_fwd64, sm90_fwd64_problems
+
+        if block_size != _BLOCK:
+            raise RuntimeError(f"sm90 backend: 64-token blocks only, got {block_size}")
+        q, k, v = _ready("q", q), _ready("k", k), _ready("v", v)
+        problem = sm90_fwd64_problems(q, k, v, bshd=bshd)
+        if problem is not None:
+            raise RuntimeError(f"sm90 backend cannot serve this call: {problem}")
+        if gate is not None:
+            gate = _ready("gate", gate)
+            if out_c.dtype != q.dtype or out_c.stride(-1) != 1 or out_c.data_ptr() % 16:
+                out_c = out_c.to(q.dtype).clone(memory_format=torch.contiguous_format)
+        q2k_idx, q2k_num = BlockSparsity.of(sparsity).q2k()
+        # No sizes when every kv block is full (from the range check's record; unknown counts as
+        # partial): the kernel variant without the per-block masking.
+        sizes = kv_block_sizes if has_partial_blocks(kv_block_sizes, block_size) else None
+        return sm90_fwd64(q, k, v, q2k_idx, q2k_num, sizes, bshd=bshd, softmax_scale=sm_scale, gate=gate,
+                          out_c=out_c)
+
+    def forward(self, q, k, v, sparsity, kv_block_sizes, *, block_size: int, bshd: bool, need_backward: bool,
+                sm_scale: float, kv_padding_zero: bool = False):
+        if need_backward:
+            raise RuntimeError("sm90 backend: inference only (the router never sends it a training call)")
+        return self._run(q, k, v, sparsity, kv_block_sizes, block_size, bshd, sm_scale)
+
+    def forward_gated(self, q, k, v, sparsity, kv_block_sizes, gate, out_c, *, block_size: int, bshd: bool,
+                      sm_scale: float):
+        """``(out_s + gate * out_c, lse)``: ``gate`` of q's shape, layout and dtype, ``out_c``
+        ``[B, H, Qb, D]`` (one row per q block, broadcast over its tokens); the composition in
+        fp32, rounded once; the LSE is the sparse branch's."""
+        return self._run(q, k, v, sparsity, kv_block_sizes, block_size, bshd, sm_scale, gate=gate, out_c=out_c)
+
+    def backward(self, *args, **kwargs):
+        raise RuntimeError("sm90 backend: inference only (the router never sends it a backward)")

@@ -1,0 +1,148 @@
+"""On an H200 (sm_90): ``video_sparse_attn`` / ``_bshd`` inference with a gate on 64-token tiles
+takes the sm90 backend with the gate fused into its epilogue (``routes.select_vsa_routes``), on a
+Wan-like latent grid whose q and kv tiles are partial in t, h and w, with NaN in K's and V's
+padding rows. Checked: the route (the dispatch counter, the gated forward ran, no gate pass), the
+output against the fp32 reference, and against the same call forced onto cuDNN and Triton
+(``FASTVIDEO_VSA_BACKEND``); eager equals ``torch.compile(fullgraph=True)``; a grad-enabled call
+does not take sm90.
+
+Tolerance: max |out - ref| / max |ref| < 1e-2, the bf16-vs-fp32-reference bound of
+tests/test_gpu_vsa_e2e.py (itself tests/test_gpu_mixed_backends.py's); the same bound between two
+routes' outputs.
+"""
+
+import pytest
+import torch
+
+import fastvideo_cute as fvc
+from fastvideo_cute import ops, vsa_ops
+from fastvideo_cute.backends import BACKENDS
+from fastvideo_cute.reference import video_sparse_attn_reference
+
+pytestmark = pytest.mark.gpu
+if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):  # collected on CPU boxes too
+    pytest.skip("needs an sm_90 GPU", allow_module_level=True)
+pytest.importorskip("cutlass")
+pytest.importorskip("cudnn")
+
+OUT_TOL = 1e-2
+GRID, TILE = (5, 14, 26), (4, 4, 4)  # 2 x 4 x 7 tiles (3584 padded tokens), partial in t, h and w
+TOPK = 8
+ROUTE_VARS = ("FASTVIDEO_VSA_TRITON", "FASTVIDEO_VSA_CUTEDSL", "FASTVIDEO_VSA_BACKEND")
+
+
+@pytest.fixture(autouse=True)
+def _default_route(monkeypatch):
+    for name in ROUTE_VARS:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv("FASTVIDEO_VSA_ROUTE_TABLE", raising=False)
+
+
+def _nerr(a, b):
+    return ((a.float() - b.float()).abs().max() / b.float().abs().max().clamp(min=1e-6)).item()
+
+
+def _case(bshd, dtype=torch.bfloat16, d=128, h=4, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    n = GRID[0] * GRID[1] * GRID[2]
+    q, k, v, w = (fvc.to_tiles(torch.randn(1, h, n, d, device="cuda", generator=g).to(dtype), GRID, TILE, dim=2)
+                  for _ in range(4))
+    sizes = fvc.variable_block_sizes(GRID, TILE, device="cuda")
+    pad = (torch.arange(q.shape[2], device="cuda") % 64) >= sizes.repeat_interleave(64)
+    assert pad.any() and (sizes < 64).sum() > 1
+    k[:, :, pad] = float("nan")  # the route must mask K/V padding (sm90 makes no clean copy)
+    v[:, :, pad] = float("nan")
+    gate = torch.sigmoid(w.float()).to(dtype)
+    tensors = (q, k, v, gate)
+    if bshd:
+        tensors = tuple(x.transpose(1, 2).contiguous() for x in tensors)
+    return tensors, sizes
+
+
+def _call(tensors, sizes, bshd):
+    vsa = fvc.video_sparse_attn_bshd if bshd else fvc.video_sparse_attn
+    q, k, v, gate = tensors
+    return vsa(q, k, v, sizes, sizes, TOPK, TILE, compress_attn_weight=gate)
+
+
+def _reference(tensors, sizes, bshd):
+    tb = (lambda x: x.transpose(1, 2)) if bshd else (lambda x: x)
+    q, k, v, gate = (tb(x).float() for x in tensors)
+    ref = video_sparse_attn_reference(q, k, v, sizes, sizes, TOPK, TILE, compress_attn_weight=gate)
+    return tb(ref)
+
+
+def _spy(monkeypatch):
+    seen = {"gated": 0, "gate_pass": 0}
+    be = BACKENDS["sm90"]
+    real = be.forward_gated
+    monkeypatch.setattr(be, "forward_gated",
+                        lambda *a, **kw: seen.__setitem__("gated", seen["gated"] + 1) or real(*a, **kw))
+    real_gate = vsa_ops._gate_impl
+    monkeypatch.setattr(vsa_ops, "_gate_impl",
+                        lambda *a: seen.__setitem__("gate_pass", seen["gate_pass"] + 1) or real_gate(*a))
+    return seen
+
+
+def _ran(before):
+    return {key: n - before[key] for key, n in ops.dispatch_counts.items() if n != before[key]}
+
+
+@pytest.mark.parametrize("dtype,d", [(torch.bfloat16, 128), (torch.float16, 64)], ids=["bf16-d128", "fp16-d64"])
+@pytest.mark.parametrize("bshd", [False, True], ids=["bhsd", "bshd"])
+def test_gated_inference_takes_sm90_and_matches(monkeypatch, bshd, dtype, d):
+    tensors, sizes = _case(bshd, dtype, d)
+    seen = _spy(monkeypatch)
+    before = ops.dispatch_counts.copy()
+    with torch.no_grad():
+        out = _call(tensors, sizes, bshd)
+    torch.cuda.synchronize()
+    assert _ran(before) == {("sm90", "fwd"): 1}
+    assert seen == {"gated": 1, "gate_pass": 0}  # the gate composed in the epilogue, no gate pass
+    assert out.shape == tensors[0].shape and out.dtype == dtype and out.is_contiguous()
+    assert torch.isfinite(out).all()
+    err = _nerr(out, _reference(tensors, sizes, bshd))
+    print(f"\n[sm90 gated bshd={bshd} {dtype} d{d}] vs fp32 reference {err:.2e}")
+    assert err < OUT_TOL, err
+    for name in ("cudnn", "triton"):
+        monkeypatch.setenv("FASTVIDEO_VSA_BACKEND", name)
+        before = ops.dispatch_counts.copy()
+        with torch.no_grad():
+            other = _call(tensors, sizes, bshd)
+        assert _ran(before) == {(name, "fwd"): 1}
+        diff = _nerr(out, other)
+        print(f"[sm90 gated bshd={bshd} {dtype} d{d}] vs {name} {diff:.2e}")
+        assert diff < OUT_TOL, (name, diff)
+    assert seen["gated"] == 1
+
+
+@pytest.mark.parametrize("bshd", [False, True], ids=["bhsd", "bshd"])
+def test_compiled_gated_inference_equals_eager(monkeypatch, bshd):
+    torch._dynamo.reset()
+    tensors, sizes = _case(bshd, seed=3)
+    seen = _spy(monkeypatch)
+    with torch.no_grad():
+        eager = _call(tensors, sizes, bshd)
+        compiled = torch.compile(lambda *xs: _call(xs, sizes, bshd), fullgraph=True)(*tensors)
+    assert seen["gated"] >= 2 and seen["gate_pass"] == 0
+    assert torch.equal(eager, compiled)  # the same kernel on the same inputs (run-to-run bitwise)
+
+
+def test_grad_enabled_call_does_not_take_sm90(monkeypatch):
+    tensors, sizes = _case(False, seed=5)
+    leaves = [x.detach().clone().requires_grad_(True) for x in tensors]
+    seen = _spy(monkeypatch)
+    before = ops.dispatch_counts.copy()
+    out = _call(leaves, sizes, False)
+    grads = torch.autograd.grad(out, leaves, torch.ones_like(out))
+    ran = _ran(before)
+    assert not any(name == "sm90" for name, _ in ran) and seen["gated"] == 0, ran
+    assert {direction for _, direction in ran} == {"fwd", "bwd"}
+    assert _nerr(out, _reference(tensors, sizes, False)) < OUT_TOL
+    assert all(torch.isfinite(g).all() for g in grads)
+    # Without a gate, inference keeps select_routes' backend too (the rule needs a gate).
+    before = ops.dispatch_counts.copy()
+    with torch.no_grad():
+        q, k, v, _ = tensors
+        fvc.video_sparse_attn(q, k, v, sizes, sizes, TOPK, TILE)
+    assert not any(name == "sm90" for name, _ in _ran(before))
