@@ -4,6 +4,8 @@
 Routes (the public API, route picked per call by env vars read at call time):
   triton  FASTVIDEO_VSA_TRITON=1   -> fastvideo_cute.block_sparse_attn{,_128,_256}[_bshd]
   cute    FASTVIDEO_VSA_CUTEDSL=1  -> same functions; the route actually taken is recorded
+  fa4 / cudnn / sm90  FASTVIDEO_VSA_BACKEND=<name> (sm90: our wgmma 64-token forward, forward only;
+          its bwd entries and other block sizes are recorded as errors with the reason)
   sm120   our mma.sync + TMA forward (FASTVIDEO_VSA_BACKEND=sm120), forward only, 128/256 blocks,
           one entry per kernel mode (--sm120-variants; default: the adapter's per-arch choice),
           through the op video_sparse_attn's sparse branch calls (no LSE), map_to_index included
@@ -50,7 +52,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-ROUTES = ("default", "triton", "cute", "fa4", "cudnn", "sm120")
+ROUTES = ("default", "triton", "cute", "fa4", "cudnn", "sm90", "sm120")
 PEERS = ("sdpa-flash", "sdpa-cudnn", "flex", "fa4-dense", "fa4-bsparse", "cudnn-bsa", "fastvideo", "fastvideo-triton")
 # Peers whose kernel time a library route must match ("best peer"): block-sparse kernels with
 # their metadata prebuilt, and FastVideo's own entry points.
@@ -60,7 +62,8 @@ BWD_FLOP_FACTOR = 2.5
 ROUTE_VARS = ("FASTVIDEO_VSA_TRITON", "FASTVIDEO_VSA_CUTEDSL", "FASTVIDEO_VSA_BACKEND")
 # route -> the variables that select it (default: none set; fa4/cudnn: the backend named)
 ROUTE_ENV = {"default": {}, "triton": {"FASTVIDEO_VSA_TRITON": "1"}, "cute": {"FASTVIDEO_VSA_CUTEDSL": "1"},
-             "fa4": {"FASTVIDEO_VSA_BACKEND": "fa4"}, "cudnn": {"FASTVIDEO_VSA_BACKEND": "cudnn"}}
+             "fa4": {"FASTVIDEO_VSA_BACKEND": "fa4"}, "cudnn": {"FASTVIDEO_VSA_BACKEND": "cudnn"},
+             "sm90": {"FASTVIDEO_VSA_BACKEND": "sm90"}}  # sm90: forward only, 64-token blocks
 
 # ---------------------------------------------------------------------------------------------
 # arguments

@@ -2,7 +2,7 @@
 
 For each call class the run measured — (arch, block size, direction, full vs partial kv tiles,
 head_dim) — the backends timed by name through the public API (routes ``triton``, ``fa4``,
-``cudnn``; ``sm100`` if present) are ranked by their total time over the class's cases (the
+``cudnn``; ``sm90`` (forward only, 64-token blocks) and ``sm100`` if present) are ranked by their total time over the class's cases (the
 sequence lengths / grids of that class), fastest first; a backend that failed or was skipped in
 any case of the class is left out of that class. The table names the results JSON it came from.
 """
@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Dict, List, Tuple
 
-BACKEND_ROUTES = ("triton", "fa4", "cudnn", "sm100")
+BACKEND_ROUTES = ("triton", "fa4", "cudnn", "sm90", "sm100")
 # the installed versions a table is valid for (fastvideo_cute.route_table.TRACKED_DISTS)
 TRACKED = ("fastvideo-cute", "flash-attn-4", "nvidia-cutlass-dsl", "nvidia-cudnn-frontend", "triton", "torch")
 

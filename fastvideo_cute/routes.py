@@ -16,8 +16,8 @@ of a compiled call always run on the same backend (re-trace to pick up a changed
 call (no grad) with a gate that the ``sm90`` backend serves, verified on this arch (sm_90,
 64-token blocks), takes ``sm90`` unless a backend is named or Triton forced: its kernel fuses the
 gate composition into the forward's epilogue and masks K/V padding itself, 1.01-1.06x the cuDNN
-path (``benchmarks/results/fwd64_sm90_h200_v3.json``). Plain ``block_sparse_attn`` calls keep
-the table (cuDNN: the plain sm90 kernel is 0.94-1.0x its forward).
+path (``benchmarks/results/fwd64_sm90_h200_v5.json``). Plain ``block_sparse_attn`` calls keep
+the table (cuDNN: the plain sm90 kernel is 0.99-1.00x its forward).
 
 A forced backend that cannot serve a call raises :class:`RouteError` with the reason. An
 automatic fallback (CuTe asked for, not forced by name, cannot serve this call) logs the reason

@@ -10,9 +10,9 @@ padding itself (``zeroes_kv_padding = False``: no padding-zeroed copy is made fo
 
 Where the router sends it (``fastvideo_cute.routes``): only ``video_sparse_attn`` inference calls
 with a gate (``select_vsa_route_name``), where the fused epilogue saves cuDNN's V copy and the
-separate gate pass (1.02x / 1.01x / 1.06x the cuDNN path at S=32768 / 65536 / the Wan-1.3B grid on
-the H200, ``benchmarks/results/fwd64_sm90_h200_v3.json``). Not in the route table nor the CuTe
-preferences: for plain ``block_sparse_attn`` the kernel is 0.94-1.0x cuDNN's blk64 forward, so
+separate gate pass (1.01x / 1.03x / 1.05x the cuDNN path at S=32768 / 65536 / the Wan-1.3B grid on
+the H200, ``benchmarks/results/fwd64_sm90_h200_v5.json``). Not in the route table nor the CuTe
+preferences: for plain ``block_sparse_attn`` the kernel is 0.99-1.00x cuDNN's blk64 forward, so
 those calls reach it only by name (``FASTVIDEO_VSA_BACKEND=sm90``).
 """
 
