@@ -2,6 +2,7 @@
 table may choose) agree with the fp32 reference, because every backend that returns an LSE
 follows one contract (natural log, fp32 [B, H, S_q], -inf for rows without a key)."""
 
+import dataclasses
 import json
 
 import pytest
@@ -21,23 +22,27 @@ def _nerr(a, b):
     return ((a.float() - b.float()).abs().max() / b.float().abs().max().clamp(min=1e-6)).item()
 
 
-PAIRS = [("fa4", "triton"), ("triton", "fa4"), ("cudnn", "triton"), ("fa4", "cudnn"), ("cudnn", "fa4"),
-         ("triton", "cudnn")]
+PAIRS = [(128, "fa4", "triton"), (128, "triton", "fa4"), (128, "cudnn", "triton"), (128, "fa4", "cudnn"),
+         (128, "cudnn", "fa4"), (128, "triton", "cudnn"),
+         # the sm90 64-token forward (forward only) with the backwards the table pairs it with
+         (64, "sm90", "cudnn"), (64, "sm90", "triton")]
 
 
-@pytest.mark.parametrize("fwd,bwd", PAIRS)
+@pytest.mark.parametrize("block,fwd,bwd", PAIRS)
 @pytest.mark.parametrize("bshd", [False, True])
-def test_forward_and_backward_on_different_backends(tmp_path, monkeypatch, fwd, bwd, bshd):
+def test_forward_and_backward_on_different_backends(tmp_path, monkeypatch, block, fwd, bwd, bshd):
     torch.manual_seed(7)
-    block, b, h, d, nb = 128, 2, 2, 128, 4
+    b, h, d, nb = 2, 2, 128, 4
     shape = (b, nb * block, h, d) if bshd else (b, h, nb * block, d)
     q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
-    sizes = torch.tensor([block, 70, 0, block], dtype=torch.int32, device="cuda")
+    sizes = torch.tensor([block, block // 2 + 6, 0, block], dtype=torch.int32, device="cuda")
     m = torch.rand(b, h, nb, nb, device="cuda") < 0.6
     m[0, 1, 2] = False  # a row with no block
     info = call_info(q, k, block, True, bshd, True, None)
-    for name in (fwd, bwd):
-        ok, why = BACKENDS[name].support(info)
+    # what the router asks each backend (routes._direction_call): the forward direction of a
+    # training call with an LSE, the backward the whole call
+    for name, call in ((fwd, dataclasses.replace(info, need_grad=False, need_lse=True)), (bwd, info)):
+        ok, why = BACKENDS[name].support(call)
         if not ok:
             pytest.skip(f"{name}: {why}")
     cap = torch.cuda.get_device_capability()
@@ -52,7 +57,8 @@ def test_forward_and_backward_on_different_backends(tmp_path, monkeypatch, fwd, 
     monkeypatch.setenv(route_table.TABLE_ENV, str(path))
     for var in ("FASTVIDEO_VSA_TRITON", "FASTVIDEO_VSA_CUTEDSL", "FASTVIDEO_VSA_BACKEND"):
         monkeypatch.delenv(var, raising=False)
-    fn = fvc.block_sparse_attn_128_bshd if bshd else fvc.block_sparse_attn_128
+    fn = {(64, False): fvc.block_sparse_attn, (64, True): fvc.block_sparse_attn_bshd,
+          (128, False): fvc.block_sparse_attn_128, (128, True): fvc.block_sparse_attn_128_bshd}[(block, bshd)]
     before = ops.dispatch_counts.copy()
     out, lse = fn(q, k, v, m, sizes)
     dout = torch.randn_like(out)

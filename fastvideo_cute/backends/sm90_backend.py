@@ -2,18 +2,22 @@
 warpgroup, three CTAs per SM) as a forward-only backend, with the VSA gate fusable into its
 epilogue (:meth:`Sm90Backend.forward_gated`).
 
-What it serves: no-grad calls on sm_90 with 64-token blocks, fp16/bf16, head_dim 64/128, as many
-query heads as kv heads (``CallInfo.heads`` is both), ``q_len`` a multiple of 64, within the
-kernel's launch limits, with the CuTe DSL installed. It returns a real LSE (natural log, fp32
-``[B, H, S_q]``, ``-inf`` for a row without a key), so it can serve any forward; it masks K/V
+What it serves: the forward direction of calls on sm_90 with 64-token blocks, fp16/bf16, head_dim
+64/128, as many query heads as kv heads (``CallInfo.heads`` is both), ``q_len`` a multiple of 64,
+within the kernel's launch limits, with the CuTe DSL installed. ``support()`` refuses a call with
+``need_grad`` (it has no backward); the router asks it about a training call's forward direction
+only (``need_grad=False, need_lse=True``), whose backward another backend runs from the LSE
+returned here (natural log, fp32 ``[B, H, S_q]``, ``-inf`` for a row without a key). It masks K/V
 padding itself (``zeroes_kv_padding = False``: no padding-zeroed copy is made for it).
 
-Where the router sends it (``fastvideo_cute.routes``): only ``video_sparse_attn`` inference calls
-with a gate (``select_vsa_route_name``), where the fused epilogue saves cuDNN's V copy and the
-separate gate pass (1.01x / 1.03x / 1.05x the cuDNN path at S=32768 / 65536 / the Wan-1.3B grid on
-the H200, ``benchmarks/results/fwd64_sm90_h200_v5.json``). Not in the route table nor the CuTe
-preferences: for plain ``block_sparse_attn`` the kernel is 0.99-1.00x cuDNN's blk64 forward, so
-those calls reach it only by name (``FASTVIDEO_VSA_BACKEND=sm90``).
+Where the router sends it (``fastvideo_cute.routes``):
+- the 64-token forward classes of the route table on sm_90, full and partial tiles, where it was
+  measured fastest (``benchmarks/results/vsa_h200_table4_{synthetic,grid}.json``: 7.41 vs 7.50 ms
+  for cuDNN over the full-tile cases, 2.13 vs 2.18 ms on the Wan-1.3B grid, where cuDNN's route
+  pays V's padding-zeroed copy);
+- ``video_sparse_attn`` inference calls with a gate (``select_vsa_route_name``), where the fused
+  epilogue also saves the separate gate pass (1.01x / 1.03x / 1.05x the cuDNN path at S=32768 /
+  65536 / the Wan-1.3B grid, ``benchmarks/results/fwd64_sm90_h200_v5.json``).
 """
 
 from __future__ import annotations
@@ -111,8 +115,9 @@ class Sm90Backend:
 
     def forward(self, q, k, v, sparsity, kv_block_sizes, *, block_size: int, bshd: bool, need_backward: bool,
                 sm_scale: float, kv_padding_zero: bool = False):
-        if need_backward:
-            raise RuntimeError("sm90 backend: inference only (the router never sends it a training call)")
+        """``(out, lse)``. ``need_backward``: another backend runs this call's backward (the route
+        table may pair this forward with cuDNN's or Triton's backward); the LSE it needs is
+        the one returned, so nothing changes here."""
         return self._run(q, k, v, sparsity, kv_block_sizes, block_size, bshd, sm_scale)
 
     def forward_gated(self, q, k, v, sparsity, kv_block_sizes, gate, out_c, *, block_size: int, bshd: bool,
