@@ -311,6 +311,7 @@ ENTRY_COLOURS = {
     "cute": "#d62728",
     "fa4": "#ad494a",
     "cudnn": "#6b6ecf",
+    "sm90": "#393b79",  # our wgmma 64-token forward
     "sm120": "#2ca02c",  # the sm120 route's "simple" variant
     # the sm120 route's other kernel variants (--sm120-variants)
     "sm120[simple_split]": "#98df8a",

@@ -61,6 +61,10 @@ def build_parser() -> argparse.ArgumentParser:
     what.add_argument("--entry", choices=("vsa", "bsa", "both"), default="vsa",
                       help="vsa: video_sparse_attn, what a VSA model calls (its sparse branch discards the LSE); "
                            "bsa: block_sparse_attn_* (returns the LSE). Routes may differ (default vsa)")
+    what.add_argument("--no-gate", dest="gated", action="store_false",
+                      help="vsa: call video_sparse_attn without compress_attn_weight (default: with one, as "
+                           "FastVideo's VSA layers do; gated inference on sm_90 at 64-token tiles runs "
+                           "another kernel, the sm90 forward with the gate fused)")
     what.add_argument("--mode", choices=("train", "infer", "both"), default="both",
                       help="train: forward + backward with grad; infer: forward without (default both)")
     what.add_argument("--batch", type=int, default=1, help="batch size for presets (default 1)")
@@ -132,6 +136,8 @@ def build_workloads(args, target: Target) -> List[Workload]:
         workloads += preset_workloads(name, blocks, dtypes, args.layout, args.batch, args.sparsity, entries)
     for shape in args.shape:
         workloads += shape_workloads(shape, blocks, dtypes, args.layout, args.sparsity, entries)
+    if not getattr(args, "gated", True):
+        workloads = [dataclasses.replace(w, gated=False) if w.entry == "vsa" else w for w in workloads]
     return workloads
 
 

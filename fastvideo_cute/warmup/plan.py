@@ -59,7 +59,7 @@ def enumerate_plan(workloads: Sequence[Workload], target: Target, modes: Sequenc
     import dataclasses
 
     from ..backends import BACKENDS
-    from ..routes import RouteError, cute_preferences, env_flag, select_routes
+    from ..routes import RouteError, cute_preferences, env_flag, select_routes, select_vsa_routes
 
     units: List[PlanUnit] = []
     with route_env(route, backend), _quiet_route_log():
@@ -67,8 +67,10 @@ def enumerate_plan(workloads: Sequence[Workload], target: Target, modes: Sequenc
             for mode in modes:
                 need_grad = mode == "train"
                 info = synthetic_call_info(w, target, need_grad)
+                vsa_gated = w.entry == "vsa" and w.gated
                 try:
-                    fwd, bwd = select_routes(info)
+                    # video_sparse_attn's own rule first (gated inference may take the fused-gate kernel)
+                    fwd, bwd = select_vsa_routes(info, True) if vsa_gated else select_routes(info)
                 except RouteError as exc:
                     units.append(PlanUnit(w, mode, None, error=str(exc)))
                     continue
@@ -79,7 +81,11 @@ def enumerate_plan(workloads: Sequence[Workload], target: Target, modes: Sequenc
                                if name in BACKENDS]
                     unit.note = "CuTe falls back: " + ("; ".join(reasons) or "no CuTe backend is registered")
                 # Each direction's key from the backend that runs it (they may differ: the route table).
-                unit.keys["fwd"] = fwd.compile_keys(dataclasses.replace(info, need_grad=False))["fwd"]
+                fwd_info = dataclasses.replace(info, need_grad=False)
+                if vsa_gated and not need_grad and getattr(fwd, "fuses_gate", False):
+                    unit.keys["fwd"] = fwd.compile_keys(fwd_info, gated=True)["fwd"]  # the fused-gate kernel
+                else:
+                    unit.keys["fwd"] = fwd.compile_keys(fwd_info)["fwd"]
                 if need_grad:
                     unit.keys["bwd"] = bwd.compile_keys(info)["bwd"]
                 units.append(unit)

@@ -29,7 +29,13 @@ def _entry_call(w: Workload, q, k, v, block_map, sizes) -> Callable[[], Any]:
     if w.entry == "vsa":
         fn = getattr(api, "video_sparse_attn" + suffix)
         block = w.tile if w.tile is not None else w.block_size
-        return lambda: fn(q, k, v, sizes, sizes, min(w.topk, w.num_blocks), block_size=block)
+        gate = None
+        if w.gated:  # FastVideo's VSA layers pass one (a linear's output: it requires grad in training)
+            import torch
+
+            gate = torch.rand_like(q).requires_grad_(q.requires_grad)
+        return lambda: fn(q, k, v, sizes, sizes, min(w.topk, w.num_blocks), block_size=block,
+                          compress_attn_weight=gate)
     base = {64: "block_sparse_attn", 128: "block_sparse_attn_128", 256: "block_sparse_attn_256"}[w.block_size]
     fn = getattr(api, base + suffix)
     return lambda: fn(q, k, v, block_map, sizes)[0]

@@ -62,6 +62,9 @@ class Workload:
     tile: Optional[Tuple[int, int, int]] = None
     topk: int = 1
     entry: str = "vsa"  # "vsa": video_sparse_attn (LSE discarded), "bsa": block_sparse_attn_* (LSE returned)
+    #: (``vsa``) the call passes ``compress_attn_weight``, as FastVideo's VSA layers do; gated
+    #: inference may run another kernel (the sm90 forward with the gate fused, routes.select_vsa_routes)
+    gated: bool = True
 
     @property
     def name(self) -> str:

@@ -34,7 +34,9 @@ def env_for_child(tmp_path):
     return env
 
 
-def plan_of(target, route, blocks=(64, 128, 256), dtype="bf16", head_dim=128, backend=None):
-    ws = [Workload("m", 1, 12, 4 * b, head_dim, b, dtype) for b in blocks]
+def plan_of(target, route, blocks=(64, 128, 256), dtype="bf16", head_dim=128, backend=None, gated=False):
+    """The plan by (block, mode). ``gated=False``: video_sparse_attn calls without a gate, so the
+    plan shows the routes alone (gated inference has a rule of its own, tested on its own)."""
+    ws = [Workload("m", 1, 12, 4 * b, head_dim, b, dtype, gated=gated) for b in blocks]
     units = warmup.enumerate_plan(ws, target, ("train", "infer"), route, backend)
     return {(u.workload.block_size, u.mode): u for u in units}

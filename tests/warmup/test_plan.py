@@ -141,5 +141,42 @@ def test_plan_follows_the_shipped_route_table_per_direction(monkeypatch):
     monkeypatch.setattr(BACKENDS["cudnn"], "support", lambda call: (call.head_dim == 128, "test"))
     plan = plan_of(Target("cuda", (9, 0), False), "auto", blocks=(64,))
     unit = plan[(64, "train")]
-    assert unit.route == "cudnn|cudnn" or unit.route == "cudnn", unit.route  # 64 full tiles: cuDNN both ways
-    assert unit.keys["fwd"].route == "cudnn" and unit.keys["bwd"].route == "cudnn"
+    # 64 full tiles (table v4): our sm90 forward, cuDNN's backward; each key from its own backend
+    assert unit.route == "sm90|cudnn", unit.route
+    assert unit.keys["fwd"].route == "sm90" and unit.keys["bwd"].route == "cudnn"
+
+
+def test_plan_gated_vsa_inference_on_sm90_compiles_the_fused_gate_kernel(clean_route_env):
+    """video_sparse_attn's own rule (routes.select_vsa_routes) in the plan: gated inference at
+    64-token blocks on sm_90 plans the sm90 forward's fused-gate variant (another compiled kernel
+    than the plain forward); ungated (--no-gate) it plans the route table's choice; training and
+    block_sparse_attn entries are unaffected."""
+    import dataclasses
+    import importlib.util
+
+    if importlib.util.find_spec("cutlass") is None:
+        pytest.skip("the sm90 backend's predicate needs the CuTe DSL")
+    h200 = Target("cuda", (9, 0), False)
+    gated = Workload("m", 1, 12, 256, 128, 64, "bf16")
+    plain = dataclasses.replace(gated, gated=False)
+    bsa = dataclasses.replace(gated, entry="bsa")
+    units = warmup.enumerate_plan([gated, plain, bsa], h200, ("infer", "train"), "auto", None)
+    by = {(u.workload.gated, u.workload.entry, u.mode): u for u in units}
+    fused = by[(True, "vsa", "infer")]
+    assert fused.route == "sm90" and dict(fused.keys["fwd"].detail)["gate"] == "fused", fused
+    unfused = by[(False, "vsa", "infer")].keys["fwd"]
+    assert unfused.digest() != fused.keys["fwd"].digest()
+    assert dict(unfused.detail).get("gate") in (None, "none")
+    for key in ((True, "vsa", "train"), (True, "bsa", "infer")):
+        fwd_key = by[key].keys["fwd"]
+        assert dict(fwd_key.detail).get("gate") in (None, "none"), (key, fwd_key)
+
+
+def test_cli_no_gate_plans_ungated_vsa_workloads():
+    from fastvideo_cute.warmup.cli import build_parser, build_workloads
+
+    args = build_parser().parse_args(["--preset", "wan2.1-1.3b-480p", "--entry", "both", "--no-gate"])
+    ws = build_workloads(args, Target("cpu", None, True))
+    assert ws and all(not w.gated for w in ws if w.entry == "vsa")
+    args = build_parser().parse_args(["--preset", "wan2.1-1.3b-480p"])
+    assert all(w.gated for w in build_workloads(args, Target("cpu", None, True)))
