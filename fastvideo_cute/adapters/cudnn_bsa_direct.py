@@ -56,6 +56,7 @@ import torch
 
 from ..env import env_flag, env_str
 from ..jit import compile_kernel
+from .kernel_layout import permutations
 
 __all__ = [
     "DIRECT_ENV",
@@ -254,12 +255,7 @@ def cudnn_fwd_direct(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q2k_bloc
     if fn is None:
         fn = _compile(key)
     out = torch.empty((q.shape[0], q.shape[1], q.shape[2], dv), dtype=q.dtype, device=q.device)
-    if bshd:
-        b, sq, h = q.shape[:3]
-        qko, vp = (1, 3, 2, 0), (3, 1, 2, 0)  # BSHD -> (S, D, H, B) / (D, S, H, B)
-    else:
-        b, h, sq = q.shape[:3]
-        qko, vp = (2, 3, 1, 0), (3, 2, 1, 0)  # BHSD -> (S, D, H, B) / (D, S, H, B)
+    b, h, sq, qko, vp = permutations(q.shape, bshd)  # -> (S, D, H, B) / (D, S, H, B)
     lse = torch.empty((b, h, sq), dtype=torch.float32, device=q.device)
     scale = 1.0 / math.sqrt(d) if softmax_scale is None else float(softmax_scale)  # bsa_attn_fwd's default
     fn(q.permute(qko), k.permute(qko), v.permute(vp), out.permute(qko), lse.permute(2, 1, 0),

@@ -30,6 +30,7 @@ from typing import Any, Dict, Optional, Tuple
 import torch
 
 from ..jit import compile_kernel
+from .kernel_layout import permutations
 
 __all__ = ["sm90_fwd64_problems", "sm90_fwd64", "tma_problem", "HEAD_DIMS", "DTYPES"]
 
@@ -121,12 +122,7 @@ def sm90_fwd64(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q2k_idx: torch
     d = q.shape[3]
     fn = _kernel_fn(q.dtype, d, block_sizes is not None, gate is not None, tuple(sorted((variant or {}).items())))
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
-    if bshd:
-        b, sq, h = q.shape[:3]
-        qko, vp = (1, 3, 2, 0), (3, 1, 2, 0)  # BSHD -> (S, D, H, B) / (D, S, H, B)
-    else:
-        b, h, sq = q.shape[:3]
-        qko, vp = (2, 3, 1, 0), (3, 2, 1, 0)  # BHSD -> (S, D, H, B) / (D, S, H, B)
+    b, h, sq, qko, vp = permutations(q.shape, bshd)  # -> (S, D, H, B) / (D, S, H, B)
     lse = torch.empty((b, h, sq), dtype=torch.float32, device=q.device)
     scale = 1.0 / math.sqrt(d) if softmax_scale is None else float(softmax_scale)
     g = None if gate is None else gate.permute(qko)
