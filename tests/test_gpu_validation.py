@@ -41,18 +41,25 @@ def test_full_block_turning_partial_between_calls(monkeypatch, route):
     assert _nerr(out, ref) < OUT_TOL
 
 
-def test_write_through_data_trips_the_device_assert(tmp_path):
-    script = textwrap.dedent("""
+@pytest.mark.parametrize("value", [999, 5], ids=["out-of-range", "full-turned-partial"])
+def test_write_through_data_trips_the_device_assert(tmp_path, value):
+    """A write through ``.data`` (no version bump) that leaves [0, 128] or breaks the "every
+    block full" record trips the backstop's device assert, whose message names the tensor."""
+    script = textwrap.dedent(f"""
         import torch, fastvideo_cute as fvc
         q = k = v = torch.randn(1, 1, 256, 64, device="cuda", dtype=torch.bfloat16)
         m = torch.ones(1, 1, 2, 2, dtype=torch.bool, device="cuda")
         s = torch.full((2,), 128, dtype=torch.int32, device="cuda")
         fvc.block_sparse_attn_128(q, k, v, m, s)
-        s.data[1] = 999   # no version bump: only the device-side backstop can see it
+        torch.cuda.synchronize()
+        print("FIRST CALL OK", flush=True)
+        s.data[1] = {value}   # no version bump: only the device-side backstop can see it
         fvc.block_sparse_attn_128(q, k, v, m, s)
         torch.cuda.synchronize()
         print("NOT CAUGHT")
     """)
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
                        env={**os.environ, "FASTVIDEO_VSA_TRITON": "1"})
+    assert "FIRST CALL OK" in r.stdout, (r.stdout, r.stderr[-2000:])
     assert r.returncode != 0 and "NOT CAUGHT" not in r.stdout, (r.stdout, r.stderr[-2000:])
+    assert "variable_block_sizes changed behind the library's back" in r.stderr, r.stderr[-2000:]

@@ -5,8 +5,8 @@ reference and the CPU path), bit for bit: for each row of a map ``[..., R, C]`` 
 columns first in ascending order, then the unselected ones in ascending order; ``num`` is the
 count of selected columns.
 
-One program per row (grid ``(N * R,)``, ``N`` = product of the leading dims), the whole row
-in one block of ``BLOCK_C = max(next_power_of_2(C), 16)`` masked lanes. The program
+``ROWS`` rows per program (grid ``(cdiv(N * R, ROWS),)``, ``N`` = product of the leading dims),
+each row whole in ``BLOCK_C = max(next_power_of_2(C), 16)`` masked lanes. The program
 loads the row through the map's strides (any strides; non-zero = selected), takes a running
 count ``csum`` (``tl.cumsum``), gives column ``j`` the slot ``csum - 1`` if it is selected and
 ``num + j - csum`` if not, and scatter-stores ``j`` to ``idx[row, slot]`` -- a permutation of
@@ -15,7 +15,7 @@ count ``csum`` (``tl.cumsum``), gives column ``j`` the slot ``csum - 1`` if it i
 
 from __future__ import annotations
 
-from typing import Tuple
+from typing import Optional, Tuple
 
 import torch
 import triton
@@ -38,22 +38,25 @@ _NATIVE_DTYPES = (
 def _map_to_index_kernel(
     Map, Idx, Num,
     stride_mn, stride_mr, stride_mc,
-    R, C,
+    R, C, NROWS,
     BLOCK_C: tl.constexpr,
+    ROWS: tl.constexpr,
 ):
-    row = tl.program_id(0).to(tl.int64)  # flattened (leading..., r); Idx/Num rows are contiguous
-    n = row // R
-    r = row % R
+    # ROWS flattened (leading..., r) rows per program; Idx/Num rows are contiguous
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS).to(tl.int64)
+    rmask = rows < NROWS
+    n = rows // R
+    r = rows % R
     cols = tl.arange(0, BLOCK_C)
-    valid = cols < C
-    m_ptrs = Map + n * stride_mn + r * stride_mr + cols.to(tl.int64) * stride_mc
+    valid = (cols < C)[None, :] & rmask[:, None]
+    m_ptrs = Map + (n * stride_mn + r * stride_mr)[:, None] + cols.to(tl.int64)[None, :] * stride_mc
     sel = (tl.load(m_ptrs, mask=valid, other=0) != 0).to(tl.int32)  # masked lanes: not selected
-    csum = tl.cumsum(sel, axis=0)  # selected columns at or before j
-    num = tl.sum(sel, axis=0)
+    csum = tl.cumsum(sel, axis=1)  # selected columns at or before j
+    num = tl.sum(sel, axis=1)
     # selected j -> its rank among the selected; unselected j -> num + its rank among the unselected
-    slot = tl.where(sel != 0, csum - 1, num + cols - csum)
-    tl.store(Idx + row * C + slot, cols, mask=valid)
-    tl.store(Num + row, num)
+    slot = tl.where(sel != 0, csum - 1, num[:, None] + cols[None, :] - csum)
+    tl.store(Idx + rows[:, None] * C + slot, cols[None, :] + tl.zeros((ROWS, BLOCK_C), tl.int32), mask=valid)
+    tl.store(Num + rows, num, mask=rmask)
 
 
 def _flatten_leading(block_map: torch.Tensor) -> torch.Tensor:
@@ -63,13 +66,16 @@ def _flatten_leading(block_map: torch.Tensor) -> torch.Tensor:
     return block_map.reshape(-1, R, C)
 
 
-def map_to_index_triton(block_map: torch.Tensor, idx_out: torch.Tensor, num_out: torch.Tensor) -> None:
+def map_to_index_triton(block_map: torch.Tensor, idx_out: torch.Tensor, num_out: torch.Tensor, *,
+                        config: Optional[Tuple[int, int]] = None) -> None:
     """Block map ``[..., R, C]`` (bool, or any int/float dtype read as ``!= 0``; any strides)
     -> index lists written into caller-allocated ``idx_out`` (int32 ``[..., R, C]``,
     contiguous) and ``num_out`` (int32 ``[..., R]``, contiguous), on the map's device.
 
     Raises ``ValueError`` (naming the argument) for a map of fewer than two dims or wider than
-    :data:`MAX_COLS`, or an output of the wrong shape, dtype, device or layout.
+    :data:`MAX_COLS`, or an output of the wrong shape, dtype, device or layout. ``config``:
+    ``(rows per program, warps)`` instead of :func:`launch_config`'s (the benchmark's sweep); every
+    config writes the same lists.
     """
     if block_map.dim() < 2:
         raise ValueError(f"block_map must have at least 2 dims [..., R, C], got shape {tuple(block_map.shape)}")
@@ -99,22 +105,28 @@ def map_to_index_triton(block_map: torch.Tensor, idx_out: torch.Tensor, num_out:
     m = _flatten_leading(block_map)
     # At least 16 lanes: C = 1..16 share one compiled kernel, and no degenerate 1-lane scan.
     block_c = max(triton.next_power_of_2(C), 16)
-    num_warps = 1 if block_c <= 256 else (4 if block_c <= 4096 else 8)
-    grid = (m.shape[0] * R,)
+    rows, num_warps = config if config is not None else launch_config(block_c)
+    nrows = m.shape[0] * R
     if m.is_cuda:
         with torch.cuda.device(m.device):  # Triton launches on the current device
-            _launch(m, idx_out, num_out, R, C, block_c, num_warps, grid)
+            _launch(m, idx_out, num_out, R, C, nrows, block_c, rows, num_warps)
     else:
-        _launch(m, idx_out, num_out, R, C, block_c, num_warps, grid)
+        _launch(m, idx_out, num_out, R, C, nrows, block_c, rows, num_warps)
 
 
-def _launch(m, idx_out, num_out, R, C, block_c, num_warps, grid) -> None:
+def launch_config(block_c: int) -> Tuple[int, int]:
+    """``(rows per program, warps)`` for rows of ``block_c`` lanes."""
+    return 1, (1 if block_c <= 256 else (4 if block_c <= 4096 else 8))
+
+
+def _launch(m, idx_out, num_out, R, C, nrows, block_c, rows, num_warps) -> None:
     """One launch of :func:`_map_to_index_kernel` over the flattened ``[N, R, C]`` map ``m``."""
-    _map_to_index_kernel[grid](
+    _map_to_index_kernel[(triton.cdiv(nrows, rows),)](
         m, idx_out, num_out,
         m.stride(0), m.stride(1), m.stride(2),
-        R, C,
+        R, C, nrows,
         BLOCK_C=block_c,
+        ROWS=rows,
         num_warps=num_warps,
     )
 

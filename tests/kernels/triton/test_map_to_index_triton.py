@@ -167,3 +167,15 @@ def test_gpu_map_to_index_dispatches_to_the_fused_kernel(transposed):
     assert idx.dtype == torch.int32 and num.dtype == torch.int32
     assert torch.equal(idx, ref_idx) and torch.equal(num, ref_num)
     assert torch.equal(num.cpu(), m.cpu().sum(-1, dtype=torch.int32))
+
+
+@pytest.mark.parametrize("config", [(1, 1), (2, 1), (4, 2), (8, 4)], ids=lambda c: f"rows{c[0]}w{c[1]}")
+def test_every_launch_config_writes_the_same_lists(config):
+    """The benchmark's sweep configs (rows per program, warps): 2 x 3 x 7 = 42 rows, not a
+    multiple of 4 or 8 (the last program's extra rows are masked), 37 columns."""
+    m = _random_map((2, 3, 7, 37), 0.3, seed=11)
+    idx = torch.empty(m.shape, dtype=torch.int32)
+    num = torch.empty(m.shape[:-1], dtype=torch.int32)
+    map_to_index_triton(m, idx, num, config=config)
+    ref_idx, ref_num = _map_to_index_torch(m)
+    assert torch.equal(idx, ref_idx) and torch.equal(num, ref_num)

@@ -1,0 +1,92 @@
+#!/usr/bin/env python
+"""GPU time of the per-call metadata kernels, by launch config (torch.profiler device time).
+
+- ``map_to_index`` (block map -> q2k lists, what a bool-map ``block_sparse_attn`` call runs on
+  the sm90 / cuDNN / Triton routes): every ``(rows per program, warps)`` config of
+  ``map_to_index_triton(config=)`` on maps of the benchmark's shapes (12.5 % selected), checked
+  equal to the default config's lists;
+- the sizes backstop: the Triton kernel beside the torch ops it replaced.
+
+Small kernels are timed from the profiler's device times (events around a 5 us kernel measure
+the host's launch cost instead).
+
+  python benchmarks/sweep_map_to_index.py --out benchmarks/results/metadata_sweep_h200.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+SHAPES = {  # name: (heads, rows, cols): bench_vsa's cases at B=1, H=12
+    "S32768-blk64": (12, 512, 512),
+    "wan-grid-blk64": (12, 624, 624),
+    "S65536-blk64": (12, 1024, 1024),
+    "wan-grid-blk128": (12, 308, 308),
+}
+CONFIGS = list(itertools.product((1, 2, 4, 8), (1, 2, 4, 8)))
+
+
+def device_us(fn, iters=20) -> float:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            fn()
+        torch.cuda.synchronize()
+    return sum(getattr(e, "device_time_total", 0) or 0 for e in prof.key_averages()) / iters
+
+
+def main(argv=None) -> int:
+    import torch
+
+    from fastvideo_cute import validation
+    from fastvideo_cute.kernels.triton.map_to_index import launch_config, map_to_index_triton
+
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", default=None)
+    args = p.parse_args(argv)
+    rows = []
+    g = torch.Generator(device="cuda").manual_seed(0)
+    for name, (h, r, c) in SHAPES.items():
+        m = torch.rand(1, h, r, c, device="cuda", generator=g) < 0.125
+        ref_idx = torch.empty(m.shape, dtype=torch.int32, device="cuda")
+        ref_num = torch.empty(m.shape[:-1], dtype=torch.int32, device="cuda")
+        map_to_index_triton(m, ref_idx, ref_num)
+        default = launch_config(max(1 << (c - 1).bit_length(), 16))
+        for cfg in CONFIGS:
+            idx, num = torch.empty_like(ref_idx), torch.empty_like(ref_num)
+            us = device_us(lambda: map_to_index_triton(m, idx, num, config=cfg))
+            same = bool(torch.equal(idx, ref_idx) and torch.equal(num, ref_num))
+            rows.append({"kernel": "map_to_index", "shape": name, "rows_cols": [h * r, c], "config": list(cfg),
+                         "default": cfg == default, "us": us, "same_lists": same})
+            print(f"map_to_index {name:16s} rows{cfg[0]}w{cfg[1]}{' (default)' if cfg == default else '':10s} "
+                  f"{us:7.2f} us same={same}", flush=True)
+    sizes = torch.full((624,), 64, dtype=torch.int32, device="cuda")
+    sizes[::7] = 16
+    triton_us = device_us(lambda: validation._device_backstop(sizes, 64, "variable_block_sizes", 16))
+    saved = validation._BACKSTOP
+    validation._BACKSTOP = False  # the torch fallback
+    try:
+        torch_us = device_us(lambda: validation._device_backstop(sizes, 64, "variable_block_sizes", 16))
+    finally:
+        validation._BACKSTOP = saved
+    rows.append({"kernel": "sizes_backstop", "triton_us": triton_us, "torch_ops_us": torch_us})
+    print(f"sizes backstop: triton {triton_us:.2f} us, torch ops {torch_us:.2f} us", flush=True)
+    if args.out:
+        Path(args.out).write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
