@@ -72,6 +72,28 @@ def main(argv=None) -> int:
                          "default": cfg == default, "us": us, "same_lists": same})
             print(f"map_to_index {name:16s} rows{cfg[0]}w{cfg[1]}{' (default)' if cfg == default else '':10s} "
                   f"{us:7.2f} us same={same}", flush=True)
+    from fastvideo_cute.kernels.triton.fa4_lists import fa4_lists_launch
+    from fastvideo_cute.tiling import variable_block_sizes
+
+    # FA4's forward lists (q-owned, full + partial kv tiles) on the Wan-1.3B grid's 128-token
+    # tiles (2, 8, 8) and 256-token tiles (4, 8, 8): the route's metadata kernel.
+    for name, tile, kv_factor in (("wan-grid-blk128", (2, 8, 8), 1), ("wan-grid-blk256", (4, 8, 8), 2)):
+        sizes = variable_block_sizes((21, 30, 52), tile, device="cuda").to(torch.int32)
+        nb = sizes.numel()
+        m = (torch.rand(1, 12, nb, nb, device="cuda", generator=g) < 0.125).view(torch.uint8)
+        c = nb * kv_factor
+        outs = [torch.empty(s, dtype=torch.int32, device="cuda") for s in ((1, 12, nb, c), (1, 12, nb), (1, 12, nb, c), (1, 12, nb))]
+        ts = torch.empty(c, dtype=torch.int32, device="cuda")
+        ref = None
+        for warps in (None, 1, 2, 4):
+            run = lambda: fa4_lists_launch(m, sizes, ts, *outs, q_factor=1, kv_factor=kv_factor, kv_tile=128,
+                                           transpose=False, all_full=False, num_warps=warps)
+            us = device_us(run)
+            got = [t.clone() for t in outs]
+            ref = ref or got
+            same = all(torch.equal(a, b) for a, b in zip(got, ref))
+            rows.append({"kernel": "fa4_lists", "shape": name, "cols": c, "num_warps": warps, "us": us, "same_lists": same})
+            print(f"fa4_lists {name:16s} warps={warps} {us:7.2f} us same={same}", flush=True)
     sizes = torch.full((624,), 64, dtype=torch.int32, device="cuda")
     sizes[::7] = 16
     triton_us = device_us(lambda: validation._device_backstop(sizes, 64, "variable_block_sizes", 16))

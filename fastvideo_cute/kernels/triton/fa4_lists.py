@@ -30,6 +30,8 @@ atomics, no host sync. This module does not import torch.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import triton
 import triton.language as tl
 
@@ -88,12 +90,14 @@ def _fa4_lists_kernel(
 
 
 def fa4_lists_launch(block_map, sizes, tile_sizes, full_idx, full_cnt, mask_idx, mask_cnt, *, q_factor: int,
-                     kv_factor: int, kv_tile: int, transpose: bool, all_full: bool) -> None:
+                     kv_factor: int, kv_tile: int, transpose: bool, all_full: bool,
+                     num_warps: Optional[int] = None) -> None:
     """One launch into caller-allocated int32 contiguous outputs: ``*_idx [B, H, R, C]`` and
     ``*_cnt [B, H, R]`` (``R``, ``C``: physical rows and columns as the module docstring says)
     and ``tile_sizes [KVb * kv_factor]``. ``block_map``: ``[B, H, Qb, KVb]`` uint8 (a bool map's
     ``view(torch.uint8)``) or any integer dtype, any strides; ``sizes``: int32 contiguous
-    ``[KVb]``. Launches on the current device (the caller sets it)."""
+    ``[KVb]``. Launches on the current device (the caller sets it). ``num_warps``: instead of
+    the default (the benchmark's sweep, ``benchmarks/sweep_map_to_index.py``)."""
     B, H, Qb, KVb = (int(x) for x in block_map.shape)
     R, C = (KVb * kv_factor, Qb * q_factor) if transpose else (Qb * q_factor, KVb * kv_factor)
     assert 0 < C <= MAX_COLS, f"{C} columns: 1 to {MAX_COLS}"
@@ -106,7 +110,8 @@ def fa4_lists_launch(block_map, sizes, tile_sizes, full_idx, full_cnt, mask_idx,
     if rows == 0:
         return
     block_c = max(triton.next_power_of_2(C), 16)
-    num_warps = 1 if block_c <= 256 else (4 if block_c <= 4096 else 8)
+    if num_warps is None:  # one warp up to 1024 lanes, as map_to_index measured (its launch_config)
+        num_warps = 1 if block_c <= 1024 else (4 if block_c <= 4096 else 8)
     _fa4_lists_kernel[(rows,)](
         block_map, sizes, tile_sizes, full_idx, full_cnt, mask_idx, mask_cnt,
         block_map.stride(0), block_map.stride(1), block_map.stride(2), block_map.stride(3),

@@ -115,8 +115,12 @@ def map_to_index_triton(block_map: torch.Tensor, idx_out: torch.Tensor, num_out:
 
 
 def launch_config(block_c: int) -> Tuple[int, int]:
-    """``(rows per program, warps)`` for rows of ``block_c`` lanes."""
-    return 1, (1 if block_c <= 256 else (4 if block_c <= 4096 else 8))
+    """``(rows per program, warps)`` for rows of ``block_c`` lanes. Measured on the H200
+    (``benchmarks/results/metadata_sweep_h200.json``, 12 heads, 12.5 % selected): one row, one
+    warp is fastest up to 1024 lanes (5.6 / 9.1 / 17.9 us at 512 / 624 / 1024 columns against
+    7.1 / 11.5 / 19.6 us with four warps; more rows per program were slower everywhere); wider
+    rows keep the earlier, unmeasured choice."""
+    return 1, (1 if block_c <= 1024 else (4 if block_c <= 4096 else 8))
 
 
 def _launch(m, idx_out, num_out, R, C, nrows, block_c, rows, num_warps) -> None:
