@@ -97,7 +97,7 @@ def test_in_place_write_bumps_the_record():
 
 def test_converted_sizes_inherit_the_record():
     sizes = torch.full((3,), 64, dtype=torch.int64, device=DEV)
-    conv = check_block_sizes(sizes, 3, 64, torch.device(DEV))
+    conv = check_block_sizes(sizes, 3, 64, sizes.device)  # a tensor's device (cuda:0, not "cuda"), as the API passes q.device
     assert conv.dtype == torch.int32 and conv is not sizes
     assert not has_partial_blocks(conv, 64)
 
