@@ -100,6 +100,15 @@ _BWD64 = (
         notes="VSA backward, 64-token blocks, main: tcgen05 (M=128 q pairs), TMEM accumulators, "
               "TMA K/V/Q/dO, dq_accum by fp32 cp.reduce.async.bulk (compiles; not yet run on a GPU)",
     ),
+    CuteKernelSpec(
+        name=_bwd64.SM90_REGISTRY_NAME,
+        archs=("sm_90a",),
+        make=_bwd64.sm90_main_kernel,
+        expect=("HGMMA", "UTMALDG", "REDG"),
+        forbid=("HMMA.16816", "UTCHMMA"),
+        notes="VSA backward, 64-token blocks, main on Hopper: wgmma (S^T/dP^T SS, dV/dK RS, dQ SS in two "
+              "halves), one warpgroup, two CTAs per SM, Q/dO double-buffered by TMA, dq_accum by fp32 atomics",
+    ),
 )
 
 REGISTRY: Tuple[CuteKernelSpec, ...] = (*_FWD128, _FWD64, _FWD64_SM90, *_BWD64)

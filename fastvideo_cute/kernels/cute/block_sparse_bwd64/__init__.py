@@ -8,7 +8,8 @@ Seed 000's launch chain, as CuTe DSL kernels JIT-compiled per arch:
   work order (torch, in the adapter): identity below ``limits.ORDER_MIN_KV_BLOCKS`` kv blocks per
       sequence, length-binned from the k2q counts from there;
   main (``block_sparse_bwd64_sm100.BlockSparseBwd64Sm100``, sm_100a): tcgen05 + TMEM + TMA, dQ
-      reduce-added in fp32;
+      reduce-added in fp32; on Hopper ``block_sparse_bwd64_sm90.BlockSparseBwd64Sm90`` (sm_90a): wgmma
+      + TMA, one warpgroup, dQ by fp32 atomics;
   postprocess (``block_sparse_bwd64_common.BlockSparseBwd64Postprocess``): dq = bf16(dq_accum *
       sm_scale), rows with lse = -inf exactly 0.
 
@@ -23,7 +24,10 @@ from __future__ import annotations
 from .limits import COMMON_CAPABILITIES, MAIN_CAPABILITIES, MAIN_COMPILE_ARCHS  # noqa: F401 (re-exported)
 
 __all__ = ["COMMON_ARCHS", "MAIN_COMPILE_ARCHS", "STAGES", "stage_class", "stage_kernel", "main_kernel_class",
-           "main_kernel"]
+           "main_kernel", "SM90_REGISTRY_NAME", "sm90_main_kernel"]
+
+#: the Hopper main kernel's registry name (targets sm_90a only)
+SM90_REGISTRY_NAME = "block_sparse_bwd64_sm90"
 
 # Archs the arch-independent stages (preprocess, postprocess) are compiled for.
 COMMON_ARCHS = tuple(COMMON_CAPABILITIES.values())
@@ -53,3 +57,10 @@ def main_kernel_class():
 def main_kernel():
     """The tcgen05 main kernel object."""
     return main_kernel_class()()
+
+
+def sm90_main_kernel():
+    """The wgmma main kernel object (sm_90a; imports the CuTe DSL)."""
+    from .block_sparse_bwd64_sm90 import BlockSparseBwd64Sm90
+
+    return BlockSparseBwd64Sm90()

@@ -23,3 +23,5 @@ COMMON_CAPABILITIES = {(9, 0): "sm_90a", (10, 0): "sm_100a", (10, 3): "sm_103a"}
 MAIN_CAPABILITIES = {(10, 0): "sm_100a"}
 #: archs CI compiles the tcgen05 main kernel for (its source also builds for sm_103a)
 MAIN_COMPILE_ARCHS = ("sm_100a", "sm_103a")
+#: compute capability -> arch of the Hopper main kernel (block_sparse_bwd64_sm90, wgmma)
+SM90_CAPABILITIES = {(9, 0): "sm_90a"}

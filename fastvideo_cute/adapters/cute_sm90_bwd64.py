@@ -1,0 +1,91 @@
+"""Torch adapter for the Hopper VSA block-sparse backward, 64-token blocks (wgmma main kernel).
+
+The chain of :mod:`fastvideo_cute.adapters.cute_sm100_bwd` with the sm_90a main kernel
+(``kernels/cute/block_sparse_bwd64/block_sparse_bwd64_sm90.py``) in stage 3: preprocess (CuTe DSL,
+verified on the H200) -> work order (torch) -> main (wgmma + TMA, one CTA per kv block, dq
+reduce-added in fp32) -> postprocess (CuTe DSL). Same contract as ``sm100_block_sparse_bwd64``:
+q, k, v, out, dout ``[B, H, S, 128]`` bf16 contiguous with ``S = 64 * nb``, ``nb`` even; lse
+natural-log fp32 ``[B, H, S]``; k2q lists (``invert_indices`` layout); kv_block_sizes ``[nb]``
+(padded keys masked, their dk/dv rows exactly 0; NaN/Inf padding never leaks). dq is accumulated
+with fp32 atomics, so it is not bitwise run-to-run (dk and dv are).
+
+Not routed: no backend calls it yet (``benchmarks/explore_bwd64_sm90.py`` measures it beside
+cuDNN BSA's blk64 backward on the same inputs).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Tuple
+
+import torch
+
+from fastvideo_cute.kernels.cute import block_sparse_bwd64 as _kernels  # names and limits only: no CuTe import
+from fastvideo_cute.kernels.cute.block_sparse_bwd64.limits import HEAD_DIM, SM90_CAPABILITIES
+
+from ._checks import cute_dsl_importable
+from .cute_sm100_bwd import (_check_activations, _check_meta, sm100_bwd64_common_stages, sm100_bwd64_postprocess)
+
+__all__ = ["sm90_bwd64_support", "sm90_block_sparse_bwd64", "compiled_sm90_main", "MAX_ELEMS"]
+
+#: the main kernel addresses dq_accum / dk / dv with int32 element offsets
+MAX_ELEMS = 2**31 - 1
+
+
+def sm90_bwd64_support(q, k, v, out, dout, lse, k2q_idx, k2q_num, kv_block_sizes) -> Tuple[bool, str]:
+    """``(True, "")`` iff :func:`sm90_block_sparse_bwd64` can run these tensors here, else ``(False,
+    reason)``; static facts only (never reads values)."""
+    ok, reason = _check_activations(q, k, v, out, dout)
+    if not ok:
+        return ok, reason
+    cap = torch.cuda.get_device_capability(q.device) if q.is_cuda else None
+    if cap not in SM90_CAPABILITIES:
+        return False, f"needs a compute capability 9.0 GPU (sm_90a), got {cap}"
+    ok, reason = _check_meta(q, lse, k2q_idx, k2q_num, kv_block_sizes)
+    if not ok:
+        return ok, reason
+    if q.numel() > MAX_ELEMS:
+        return False, f"B*H*S*128 = {q.numel()} elements exceeds the kernel's int32 offsets ({MAX_ELEMS})"
+    if not cute_dsl_importable():
+        return False, ("the CuTe DSL (nvidia-cutlass-dsl, cuda-bindings) is not installed "
+                       "(pip install 'fastvideo-cute[cute]')")
+    return True, ""
+
+
+def compiled_sm90_main():
+    """The wgmma main kernel compiled (TVM-FFI) for sm_90a through :mod:`fastvideo_cute.jit`."""
+    return _kernels.sm90_main_kernel().compile("sm_90a")
+
+
+def sm90_block_sparse_bwd64(q, k, v, out, dout, lse, k2q_idx, k2q_num, kv_block_sizes,
+                            sm_scale: Optional[float] = None):
+    """The whole backward; returns ``(dq, dk, dv)``, bf16 ``[B, H, S, 128]`` (module docstring).
+    Raises ``ValueError`` naming the reason when :func:`sm90_bwd64_support` refuses."""
+    ok, reason = sm90_bwd64_support(q, k, v, out, dout, lse, k2q_idx, k2q_num, kv_block_sizes)
+    if not ok:
+        raise ValueError(f"sm90_block_sparse_bwd64: {reason}")
+    if sm_scale is None:
+        sm_scale = HEAD_DIM**-0.5
+    if not math.isfinite(sm_scale):
+        raise ValueError("sm90_block_sparse_bwd64: sm_scale must be finite")
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    if q.numel() == 0:
+        return dq, dk, dv
+    batch, heads, _, _ = q.shape
+    nb = kv_block_sizes.numel()
+    items = batch * heads * nb
+    common = sm100_bwd64_common_stages(out, dout, lse, k2q_num, kv_block_sizes, dk=dk, dv=dv)
+    order = common["order"]
+    if order is None:
+        order = torch.arange(items, dtype=torch.int32, device=q.device)
+    idx = k2q_idx.to(torch.int32).reshape(items, k2q_idx.shape[-1]).contiguous()
+    num = k2q_num.to(torch.int32).reshape(items).contiguous()
+    vbs = kv_block_sizes.to(torch.int32).contiguous()
+    dq_accum = common["dq_accum"]
+    fn = compiled_sm90_main()
+    with torch.cuda.device(q.device):
+        fn(q.view(-1, HEAD_DIM), k.view(-1, HEAD_DIM), v.view(-1, HEAD_DIM), dout.view(-1, HEAD_DIM),
+           dk.view(-1, HEAD_DIM), dv.view(-1, HEAD_DIM), dq_accum.view(-1, HEAD_DIM),
+           common["lse2"].view(-1), common["delta"].view(-1), idx, num, vbs, order, float(sm_scale))
+    sm100_bwd64_postprocess(dq_accum, lse, sm_scale, dq=dq)
+    return dq, dk, dv

@@ -1,0 +1,108 @@
+"""GPU tests of our Hopper 64-token VSA backward (``adapters/cute_sm90_bwd64``: the chain with the
+wgmma main kernel ``block_sparse_bwd64_sm90``), on a compute-capability 9.0 GPU (the H200).
+
+The cases and tolerances of the tcgen05 chain's tests (tests/kernels/cute/test_block_sparse_bwd64_gpu.py,
+whose helpers are reused: fp32 autograd reference, per tensor rel_max 1e-2 and mean |err| 1e-3):
+ragged sizes with NaN K / Inf V in the padding, B = 2, top-k not a multiple of four, several
+sequence lengths, kv blocks nobody selects and q blocks that select nothing, and 65,536 tokens
+against the Triton backward with a run-to-run check (dk and dv bitwise; dq within summation-order
+noise: its fp32 atomics have no fixed order). Outputs are pre-filled with NaN in the allocator so a
+missed store cannot hide behind a recycled zero buffer.
+"""
+
+import math
+
+import pytest
+import torch
+
+from fastvideo_cute.metadata import invert_indices
+
+from .test_block_sparse_bwd64_gpu import (BLOCK, check_close, make_case, reference, _poison_allocator,
+                                          _triton_forward, SCALE)
+
+A = pytest.importorskip("fastvideo_cute.adapters.cute_sm90_bwd64")
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+                       reason="needs a compute capability 9.0 GPU"),
+]
+pytest.importorskip("cutlass")
+
+
+def _run(q, k, v, o, do, lse, idx, num, vbs):
+    kidx, knum = invert_indices(idx, num, vbs.numel())
+    for t in (q, q, q):
+        _poison_allocator(t)
+    return A.sm90_block_sparse_bwd64(q, k, v, o, do, lse, kidx, knum, vbs)
+
+
+def _vs_reference(**case):
+    q, k, v, do, idx, num, vbs, pad = make_case(**case)
+    o, lse, rdq, rdk, rdv = reference(q, k, v, do, idx, num, vbs)
+    dq, dk, dv = _run(q, k, v, o, do, lse, idx, num, vbs)
+    torch.cuda.synchronize()
+    for name, got, ref in (("dq", dq, rdq), ("dk", dk, rdk), ("dv", dv, rdv)):
+        assert got.dtype == torch.bfloat16
+        err = (got.float() - ref).abs()
+        print(f"\n[{name}] rel_max {err.max().item() / ref.abs().max().item():.2e} mean {err.mean().item():.2e}")
+        check_close(name, got, ref)
+    assert (dk[..., pad, :] == 0).all() and (dv[..., pad, :] == 0).all(), "padded key rows"
+    return (dq, dk, dv), lse
+
+
+def test_matches_reference_full_tiles():
+    _vs_reference(ragged=False)
+
+
+def test_batch_two_ragged_nan_padding():
+    _vs_reference(batch=2, ragged=True, seed=1)
+
+
+@pytest.mark.parametrize("topk", [1, 2, 3, 5, 7])
+def test_topk_not_a_multiple_of_four(topk):
+    _vs_reference(topk=topk, ragged=True)
+
+
+@pytest.mark.parametrize("nb", [2, 4, 16])
+def test_sequence_lengths(nb):
+    _vs_reference(nb=nb, topk=min(3, nb), ragged=True)
+
+
+def test_zero_count_kv_blocks_and_empty_q_blocks():
+    (dq, dk, dv), lse = _vs_reference(excluded=(2, 5), empty_q=(1,), ragged=True)
+    for j in (2, 5):
+        assert (dk[..., j * BLOCK:(j + 1) * BLOCK, :] == 0).all()
+        assert (dv[..., j * BLOCK:(j + 1) * BLOCK, :] == 0).all()
+    assert (dq[lse == -math.inf] == 0).all()
+
+
+def test_bad_input_is_refused_before_launch():
+    q, k, v, do, idx, num, vbs, _ = make_case(nb=4, topk=2)
+    o, lse = _triton_forward(q, k, v, idx, num, vbs)
+    kidx, knum = invert_indices(idx, num, vbs.numel())
+    with pytest.raises(ValueError, match="even"):
+        A.sm90_block_sparse_bwd64(q[:, :, :192], k[:, :, :192], v[:, :, :192], o[:, :, :192], do[:, :, :192],
+                                  lse[:, :, :192].contiguous(), kidx[:, :, :3], knum[:, :, :3], vbs[:3])
+    with pytest.raises(ValueError, match="bfloat16|bf16"):
+        A.sm90_block_sparse_bwd64(q.half(), k, v, o, do, lse, kidx, knum, vbs)
+
+
+def test_65536_tokens_vs_triton_and_run_to_run():
+    """1,024 kv blocks (the work order's regime), 12.5 % density, 4 heads: against the Triton
+    backward; two runs: dk, dv bitwise, dq within the seed's summation-order bound."""
+    from fastvideo_cute.kernels.triton.block_sparse_bwd import block_sparse_attn_bwd
+
+    nb, topk, heads = 1024, 128, 4
+    q, k, v, do, idx, num, vbs, _ = make_case(nb=nb, topk=topk, heads=heads, ragged=False, nan_padding=False)
+    kidx, knum = invert_indices(idx, num, nb)
+    o, lse = _triton_forward(q, k, v, idx, num, vbs)
+    tdq, tdk, tdv = (torch.empty_like(q) for _ in range(3))
+    block_sparse_attn_bwd(q, k, v, o, do, lse, idx, num, kidx, knum, vbs, tdq, tdk, tdv,
+                          sm_scale=SCALE, q_block=BLOCK, kv_block=BLOCK)
+    got = _run(q, k, v, o, do, lse, idx, num, vbs)
+    again = _run(q, k, v, o, do, lse, idx, num, vbs)
+    for name, g, r in zip(("dq", "dk", "dv"), got, (tdq, tdk, tdv)):
+        check_close(f"{name} vs Triton", g, r, rel=2e-2, mean=2e-3)
+    assert torch.equal(got[1], again[1]) and torch.equal(got[2], again[2]), "dk/dv run to run"
+    check_close("dq run to run", again[0], got[0], rel=2e-2, mean=1e-4)
