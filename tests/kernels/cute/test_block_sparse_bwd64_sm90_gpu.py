@@ -17,7 +17,7 @@ import torch
 
 from fastvideo_cute.metadata import invert_indices
 
-from .test_block_sparse_bwd64_gpu import (BLOCK, check_close, make_case, reference, _poison_allocator,
+from test_block_sparse_bwd64_gpu import (BLOCK, check_close, make_case, reference, _poison_allocator,
                                           _triton_forward, SCALE)
 
 A = pytest.importorskip("fastvideo_cute.adapters.cute_sm90_bwd64")
