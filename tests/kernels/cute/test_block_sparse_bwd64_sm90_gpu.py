@@ -81,9 +81,11 @@ def test_bad_input_is_refused_before_launch():
     q, k, v, do, idx, num, vbs, _ = make_case(nb=4, topk=2)
     o, lse = _triton_forward(q, k, v, idx, num, vbs)
     kidx, knum = invert_indices(idx, num, vbs.numel())
+    three = [t[:, :, :192].contiguous() for t in (q, k, v, o, do, lse)]  # 3 kv blocks: odd
     with pytest.raises(ValueError, match="even"):
-        A.sm90_block_sparse_bwd64(q[:, :, :192], k[:, :, :192], v[:, :, :192], o[:, :, :192], do[:, :, :192],
-                                  lse[:, :, :192].contiguous(), kidx[:, :, :3], knum[:, :, :3], vbs[:3])
+        A.sm90_block_sparse_bwd64(*three, kidx[:, :, :3].contiguous(), knum[:, :, :3].contiguous(), vbs[:3])
+    with pytest.raises(ValueError, match="contiguous"):
+        A.sm90_block_sparse_bwd64(q.transpose(1, 2), k, v, o, do, lse, kidx, knum, vbs)
     with pytest.raises(ValueError, match="bfloat16|bf16"):
         A.sm90_block_sparse_bwd64(q.half(), k, v, o, do, lse, kidx, knum, vbs)
 
