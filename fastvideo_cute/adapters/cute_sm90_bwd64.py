@@ -30,6 +30,8 @@ __all__ = ["sm90_bwd64_support", "sm90_block_sparse_bwd64", "compiled_sm90_main"
 
 #: the main kernel addresses dq_accum / dk / dv with int32 element offsets
 MAX_ELEMS = 2**31 - 1
+#: how the main kernel adds dQ into dq_accum (``block_sparse_bwd64_sm90.DQ_REDUCE``)
+DQ_REDUCE_DEFAULT = "atomic"
 
 
 def sm90_bwd64_support(q, k, v, out, dout, lse, k2q_idx, k2q_num, kv_block_sizes) -> Tuple[bool, str]:
@@ -52,15 +54,16 @@ def sm90_bwd64_support(q, k, v, out, dout, lse, k2q_idx, k2q_num, kv_block_sizes
     return True, ""
 
 
-def compiled_sm90_main():
+def compiled_sm90_main(dq_reduce: str = DQ_REDUCE_DEFAULT):
     """The wgmma main kernel compiled (TVM-FFI) for sm_90a through :mod:`fastvideo_cute.jit`."""
-    return _kernels.sm90_main_kernel().compile("sm_90a")
+    return _kernels.sm90_main_kernel(dq_reduce).compile("sm_90a")
 
 
 def sm90_block_sparse_bwd64(q, k, v, out, dout, lse, k2q_idx, k2q_num, kv_block_sizes,
-                            sm_scale: Optional[float] = None):
+                            sm_scale: Optional[float] = None, dq_reduce: str = DQ_REDUCE_DEFAULT):
     """The whole backward; returns ``(dq, dk, dv)``, bf16 ``[B, H, S, 128]`` (module docstring).
-    Raises ``ValueError`` naming the reason when :func:`sm90_bwd64_support` refuses."""
+    ``dq_reduce``: the main kernel's dQ path ("atomic" / "bulk"). Raises ``ValueError`` naming the
+    reason when :func:`sm90_bwd64_support` refuses."""
     ok, reason = sm90_bwd64_support(q, k, v, out, dout, lse, k2q_idx, k2q_num, kv_block_sizes)
     if not ok:
         raise ValueError(f"sm90_block_sparse_bwd64: {reason}")
@@ -82,7 +85,7 @@ def sm90_block_sparse_bwd64(q, k, v, out, dout, lse, k2q_idx, k2q_num, kv_block_
     num = k2q_num.to(torch.int32).reshape(items).contiguous()
     vbs = kv_block_sizes.to(torch.int32).contiguous()
     dq_accum = common["dq_accum"]
-    fn = compiled_sm90_main()
+    fn = compiled_sm90_main(dq_reduce)
     with torch.cuda.device(q.device):
         fn(q.view(-1, HEAD_DIM), k.view(-1, HEAD_DIM), v.view(-1, HEAD_DIM), dout.view(-1, HEAD_DIM),
            dk.view(-1, HEAD_DIM), dv.view(-1, HEAD_DIM), dq_accum.view(-1, HEAD_DIM),

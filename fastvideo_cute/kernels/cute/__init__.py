@@ -109,6 +109,15 @@ _BWD64 = (
         notes="VSA backward, 64-token blocks, main on Hopper: wgmma (S^T/dP^T SS, dV/dK RS, dQ SS in two "
               "halves), one warpgroup, two CTAs per SM, Q/dO double-buffered by TMA, dq_accum by fp32 atomics",
     ),
+    CuteKernelSpec(
+        name=_bwd64.SM90_REGISTRY_NAME + "_bulk",
+        archs=("sm_90a",),
+        make=partial(_bwd64.sm90_main_kernel, "bulk"),
+        expect=("HGMMA", "UTMALDG", "UBLKRED"),
+        forbid=("HMMA.16816", "UTCHMMA", "REDG"),
+        notes="the Hopper backward main with dq_accum by cp.reduce.async.bulk (the tile staged in the "
+              "step's Q/dO slots)",
+    ),
 )
 
 REGISTRY: Tuple[CuteKernelSpec, ...] = (*_FWD128, _FWD64, _FWD64_SM90, *_BWD64)

@@ -43,3 +43,20 @@ def test_sass_uses_wgmma_tma_and_reductions(kernel_report):
 
 def test_other_archs_are_not_targeted():
     assert "skipped (not targeted" in build_report(find(NAME), "sm_100a").line
+
+
+def test_bulk_variant_reduces_by_tma_not_atomics(kernel_report):
+    """``dq_reduce="bulk"``: dq_accum by cp.reduce.async.bulk (UBLKRED), no per-element REDG; the
+    same wgmma; no spill (252 registers measured)."""
+    report = kernel_report(NAME + "_bulk", "sm_90a")
+    print(report.line)
+    assert report.ok and report.spill == 0 and report.regs <= 255, report.line
+    assert report.count("UBLKRED") >= 2 and report.count("REDG") == 0
+    assert report.count("HGMMA") == 32
+
+
+def test_bad_configuration_is_refused():
+    from fastvideo_cute.kernels.cute.block_sparse_bwd64 import sm90_main_kernel
+
+    with pytest.raises(ValueError, match="dq_reduce"):
+        sm90_main_kernel("tma")

@@ -30,17 +30,17 @@ pytestmark = [
 pytest.importorskip("cutlass")
 
 
-def _run(q, k, v, o, do, lse, idx, num, vbs):
+def _run(q, k, v, o, do, lse, idx, num, vbs, dq_reduce="atomic"):
     kidx, knum = invert_indices(idx, num, vbs.numel())
     for t in (q, q, q):
         _poison_allocator(t)
-    return A.sm90_block_sparse_bwd64(q, k, v, o, do, lse, kidx, knum, vbs)
+    return A.sm90_block_sparse_bwd64(q, k, v, o, do, lse, kidx, knum, vbs, dq_reduce=dq_reduce)
 
 
-def _vs_reference(**case):
+def _vs_reference(dq_reduce="atomic", **case):
     q, k, v, do, idx, num, vbs, pad = make_case(**case)
     o, lse, rdq, rdk, rdv = reference(q, k, v, do, idx, num, vbs)
-    dq, dk, dv = _run(q, k, v, o, do, lse, idx, num, vbs)
+    dq, dk, dv = _run(q, k, v, o, do, lse, idx, num, vbs, dq_reduce)
     torch.cuda.synchronize()
     for name, got, ref in (("dq", dq, rdq), ("dk", dk, rdk), ("dv", dv, rdv)):
         assert got.dtype == torch.bfloat16
@@ -69,8 +69,16 @@ def test_sequence_lengths(nb):
     _vs_reference(nb=nb, topk=min(3, nb), ragged=True)
 
 
-def test_zero_count_kv_blocks_and_empty_q_blocks():
-    (dq, dk, dv), lse = _vs_reference(excluded=(2, 5), empty_q=(1,), ragged=True)
+@pytest.mark.parametrize("dq_reduce", ["atomic", "bulk"])
+def test_bulk_dq_reduce_matches_reference(dq_reduce):
+    """The main kernel's two dQ paths (fp32 atomics / the tile staged and bulk-reduced), B = 2,
+    ragged NaN/Inf padding, top-k 5 (an odd list length: the staging slots alternate)."""
+    _vs_reference(dq_reduce=dq_reduce, batch=2, topk=5, ragged=True, seed=3)
+
+
+@pytest.mark.parametrize("dq_reduce", ["atomic", "bulk"])
+def test_zero_count_kv_blocks_and_empty_q_blocks(dq_reduce):
+    (dq, dk, dv), lse = _vs_reference(dq_reduce=dq_reduce, excluded=(2, 5), empty_q=(1,), ragged=True)
     for j in (2, 5):
         assert (dk[..., j * BLOCK:(j + 1) * BLOCK, :] == 0).all()
         assert (dv[..., j * BLOCK:(j + 1) * BLOCK, :] == 0).all()
@@ -90,7 +98,8 @@ def test_bad_input_is_refused_before_launch():
         A.sm90_block_sparse_bwd64(q.half(), k, v, o, do, lse, kidx, knum, vbs)
 
 
-def test_65536_tokens_vs_triton_and_run_to_run():
+@pytest.mark.parametrize("dq_reduce", ["atomic", "bulk"])
+def test_65536_tokens_vs_triton_and_run_to_run(dq_reduce):
     """1,024 kv blocks (the work order's regime), 12.5 % density, 4 heads: against the Triton
     backward; two runs: dk, dv bitwise, dq within the seed's summation-order bound."""
     from fastvideo_cute.kernels.triton.block_sparse_bwd import block_sparse_attn_bwd
@@ -102,8 +111,8 @@ def test_65536_tokens_vs_triton_and_run_to_run():
     tdq, tdk, tdv = (torch.empty_like(q) for _ in range(3))
     block_sparse_attn_bwd(q, k, v, o, do, lse, idx, num, kidx, knum, vbs, tdq, tdk, tdv,
                           sm_scale=SCALE, q_block=BLOCK, kv_block=BLOCK)
-    got = _run(q, k, v, o, do, lse, idx, num, vbs)
-    again = _run(q, k, v, o, do, lse, idx, num, vbs)
+    got = _run(q, k, v, o, do, lse, idx, num, vbs, dq_reduce)
+    again = _run(q, k, v, o, do, lse, idx, num, vbs, dq_reduce)
     for name, g, r in zip(("dq", "dk", "dv"), got, (tdq, tdk, tdv)):
         check_close(f"{name} vs Triton", g, r, rel=2e-2, mean=2e-3)
     assert torch.equal(got[1], again[1]) and torch.equal(got[2], again[2]), "dk/dv run to run"

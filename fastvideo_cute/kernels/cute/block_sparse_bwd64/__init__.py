@@ -59,8 +59,9 @@ def main_kernel():
     return main_kernel_class()()
 
 
-def sm90_main_kernel():
-    """The wgmma main kernel object (sm_90a; imports the CuTe DSL)."""
+def sm90_main_kernel(dq_reduce: str = "atomic"):
+    """The wgmma main kernel object (sm_90a; imports the CuTe DSL); ``dq_reduce``: "atomic" or
+    "bulk" (``block_sparse_bwd64_sm90.DQ_REDUCE``)."""
     from .block_sparse_bwd64_sm90 import BlockSparseBwd64Sm90
 
-    return BlockSparseBwd64Sm90()
+    return BlockSparseBwd64Sm90(dq_reduce)

@@ -41,13 +41,12 @@ import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils.blackwell_helpers as sm100_utils
 from cutlass import Float32, Int32, const_expr
-from cutlass._mlir.dialects import llvm
 from cutlass.cute.nvgpu import cpasync, tcgen05, warpgroup
-from cutlass.cutlass_dsl import dsl_user_op
 from cutlass.tensor_utils import LayoutEnum
 
 from fastvideo_cute.jit import CuteKernel, fake_matrix, fake_stream, fake_vector
 
+from ..common.bulk import bulk_reduce_add_f32
 from ..common.tcgen05 import fence_after, fence_before
 from .limits import BLOCK, HEAD_DIM
 
@@ -60,18 +59,7 @@ TMEM_COLS = 512
 CHUNK = 32  # TMEM columns per tcgen05.ld
 
 
-@dsl_user_op
-def _bulk_reduce_add_f32(smem_ptr: cute.Pointer, gmem_ptr: cute.Pointer, num_bytes, *, loc=None, ip=None):
-    """cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 (one bulk group member)."""
-    llvm.inline_asm(
-        None,
-        [gmem_ptr.llvm_ptr, smem_ptr.toint(loc=loc, ip=ip).ir_value(), Int32(num_bytes).ir_value()],
-        "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [$0], [$1], $2;",
-        "l,r,r",
-        has_side_effects=True,
-        is_align_stack=False,
-        asm_dialect=llvm.AsmDialect.AD_ATT,
-    )
+_bulk_reduce_add_f32 = bulk_reduce_add_f32
 
 
 def _gemm(tiled_mma: cute.TiledMma, acc: cute.Tensor, tA: cute.Tensor, tB: cute.Tensor, accumulate):

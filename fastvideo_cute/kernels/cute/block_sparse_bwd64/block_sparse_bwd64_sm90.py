@@ -18,8 +18,10 @@ K and V (64 x 128) stay in shared memory and the item's k2q list is walked one q
     dQ   [q 64 x hd 128]   = dS K        wgmma SS, two 64-column halves (A = dS K-major in shared
                                           memory, written transposed from dS^T's registers; B =
                                           K^T MN-major view)
-    dq_accum[q rows] += dQ               red.global.add.f32 per element (order not fixed: dq is
-                                          not bitwise run-to-run; dk, dv are)
+    dq_accum[q rows] += dQ               ``dq_reduce="atomic"``: red.global.add.f32 per element;
+                                          ``"bulk"``: staged in the step's Q/dO slots, two 16 KB
+                                          cp.reduce.async.bulk (either way in no fixed order: dq
+                                          is not bitwise run-to-run; dk, dv are)
 
 K's padded rows are zeroed in shared memory once (dQ = dS K would give 0 * NaN); dk/dv rows of
 padded keys are written as exact zeros; lse2 is +inf for rows without a key (the preprocess), so P
@@ -48,6 +50,7 @@ from quack import layout_utils
 
 from fastvideo_cute.jit import CuteKernel, fake_matrix, fake_stream, fake_vector
 
+from ..common.bulk import bulk_reduce_add_f32
 from .limits import BLOCK, HEAD_DIM
 
 __all__ = ["BlockSparseBwd64Sm90", "THREADS", "CTAS_PER_SM", "smem_bytes"]
@@ -57,6 +60,10 @@ CTAS_PER_SM = 2
 Q_STAGES = 2
 HALF = HEAD_DIM // 2  # dQ is computed in two column halves (64 accumulator registers, not 128)
 LOG2E = math.log2(math.e)
+#: how dQ reaches dq_accum: "atomic" (red.global.add.f32 per element from registers) or "bulk" (the
+#: 64 x 128 fp32 tile staged in the step's Q and dO slots, rows 0-31 and 32-63, once every MMA of
+#: the step has retired, and added by two cp.reduce.async.bulk of 16 KB)
+DQ_REDUCE = ("atomic", "bulk")
 
 
 def smem_bytes() -> int:
@@ -66,16 +73,20 @@ def smem_bytes() -> int:
 
 
 class BlockSparseBwd64Sm90(CuteKernel):
-    """wgmma main kernel of the 64-token VSA backward (module docstring). Called (compiled) as
+    """wgmma main kernel of the 64-token VSA backward (module docstring; ``dq_reduce``: see
+    ``DQ_REDUCE``). Called (compiled) as
     ``fn(q2d, k2d, v2d, do2d, dk2d, dv2d, dqacc2d, lse2, delta, idx2d, num, vbs, order, sm_scale)``."""
 
     name = "block_sparse_bwd64_sm90"
 
-    def __init__(self):
+    def __init__(self, dq_reduce: str = "atomic"):
+        if dq_reduce not in DQ_REDUCE:
+            raise ValueError(f"dq_reduce must be one of {DQ_REDUCE}, got {dq_reduce!r}")
         self.dtype = cutlass.BFloat16
+        self.dq_reduce = dq_reduce
 
     def config(self):
-        return {}
+        return {"dq_reduce": self.dq_reduce}
 
     # ------------------------------------------------------------------ host side
     @cute.jit
@@ -236,6 +247,10 @@ class BlockSparseBwd64Sm90(CuteKernel):
             s = t % Q_STAGES
             qb = mIdx[item, t]
             q_rb = bh * nb + qb
+            if const_expr(self.dq_reduce == "bulk"):
+                if tidx == 0 and t + 1 < count:  # step t-1's reduce has read the other slot
+                    cute.arch.cp_async_bulk_wait_group(0, read=True)
+                cute.arch.barrier()
             if warp_idx == 0 and t + 1 < count:  # the next q block into the other slot (freed at t - 1)
                 self.load_q(tma_atom_Q, tQgQ, tQsQ, tma_atom_dO, tOgO, tOsO, bar_q, 2 * tile_bytes, (t + 1) % Q_STAGES,
                             bh * nb + mIdx[item, t + 1])
@@ -270,16 +285,40 @@ class BlockSparseBwd64Sm90(CuteKernel):
             cute.arch.fence_proxy("async.shared", space="cta")
             cute.arch.barrier()
             # dQ = dS K, two column halves, reduce-added into dq_accum
-            self.gemm(mma_dq, acc_dQ, tQrdS, tQrKt0, zero_init=True)
-            warpgroup.wait_group(0)
-            self.reduce_dq(acc_dQ, thr_dq, mdQaccum, row0, 0)
-            self.gemm(mma_dq, acc_dQ, tQrdS, tQrKt1, zero_init=True)
-            warpgroup.wait_group(0)
-            self.reduce_dq(acc_dQ, thr_dq, mdQaccum, row0, HALF)
-            cute.arch.barrier()  # slot s, dS and K are read by no wgmma any more
+            if const_expr(self.dq_reduce == "atomic"):
+                self.gemm(mma_dq, acc_dQ, tQrdS, tQrKt0, zero_init=True)
+                warpgroup.wait_group(0)
+                self.reduce_dq(acc_dQ, thr_dq, mdQaccum, row0, 0)
+                self.gemm(mma_dq, acc_dQ, tQrdS, tQrKt1, zero_init=True)
+                warpgroup.wait_group(0)
+                self.reduce_dq(acc_dQ, thr_dq, mdQaccum, row0, HALF)
+                cute.arch.barrier()  # slot s, dS and K are read by no wgmma any more
+            else:
+                # every wgmma of the step retires before slot s takes the dQ tile; the slot's
+                # previous bulk reduce (step t - 2) was waited for before its TMA refill at t - 1
+                self.gemm(mma_dq, acc_dQ, tQrdS, tQrKt0, zero_init=True)
+                warpgroup.wait_group(0)
+                cute.arch.barrier()  # no thread's wgmma reads slot s any more
+                stage_q = self.stage_view(storage.sQ.data_ptr(), s)
+                stage_o = self.stage_view(storage.sdO.data_ptr(), s)
+                self.stage_dq(acc_dQ, thr_dq, stage_q, stage_o, 0)
+                self.gemm(mma_dq, acc_dQ, tQrdS, tQrKt1, zero_init=True)
+                warpgroup.wait_group(0)
+                self.stage_dq(acc_dQ, thr_dq, stage_q, stage_o, HALF)
+                cute.arch.fence_proxy("async.shared", space="cta")
+                cute.arch.barrier()  # the staged tile is complete; dS and K are read by no wgmma
+                if tidx == 0:
+                    g0 = cute.domain_offset((row0, 0), mdQaccum)
+                    g1 = cute.domain_offset((row0 + BLOCK // 2, 0), mdQaccum)
+                    bulk_reduce_add_f32(stage_q.iterator, g0.iterator, BLOCK // 2 * HEAD_DIM * 4)
+                    bulk_reduce_add_f32(stage_o.iterator, g1.iterator, BLOCK // 2 * HEAD_DIM * 4)
+                    cute.arch.cp_async_bulk_commit_group()
 
         # ---- epilogue: dK (times sm_scale) and dV rows of the kv block; padded keys exactly 0
         self.store_dkv(acc_dK, acc_dV, thr_kv, mdK, mdV, kv_rb * BLOCK, size, sm_scale)
+        if const_expr(self.dq_reduce == "bulk"):
+            if tidx == 0:  # the staged tiles must stay until the TMA unit has read them
+                cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     @cute.jit
     def load_q(self, tma_atom_Q, tQgQ, tQsQ, tma_atom_dO, tOgO, tOsO, bar_q, tx_bytes: cutlass.Constexpr, slot, rb):
@@ -308,6 +347,23 @@ class BlockSparseBwd64Sm90(CuteKernel):
             r, c = cQ[i]
             ptr = mdQaccum.iterator + cute.crd2idx((row0 + r, col0 + c), mdQaccum.layout)
             cute.arch.atomic_add(ptr, acc_dQ[i])
+
+    def stage_view(self, base, slot) -> cute.Tensor:
+        """Ring slot ``slot`` of a 64 x 128 bf16 ring (16 KB) as 32 x 128 fp32, row-major."""
+        ptr = cute.recast_ptr(base + slot * (BLOCK * HEAD_DIM), dtype=Float32)
+        return cute.make_tensor(ptr, cute.make_layout((BLOCK // 2, HEAD_DIM), stride=(HEAD_DIM, 1)))
+
+    @cute.jit
+    def stage_dq(self, acc_dQ: cute.Tensor, thr_dq, stage_q: cute.Tensor, stage_o: cute.Tensor,
+                 col0: cutlass.Constexpr):
+        """The dQ half (columns ``col0 .. col0 + 63``) into the staging rows: 0-31 in Q's slot, 32-63 in dO's."""
+        cQ = thr_dq.partition_C(cute.make_identity_tensor((BLOCK, HALF)))
+        for i in cutlass.range_constexpr(cute.size(acc_dQ)):
+            r, c = cQ[i]
+            if r < BLOCK // 2:
+                stage_q[r, col0 + c] = acc_dQ[i]
+            else:
+                stage_o[r - BLOCK // 2, col0 + c] = acc_dQ[i]
 
     @cute.jit
     def store_dkv(self, acc_dK, acc_dV, thr_kv, mdK, mdV, row0: Int32, size: Int32, sm_scale: Float32):

@@ -1,0 +1,28 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Bulk (non-tensor) async copies shared by the backward kernels (sm_90a and sm_100a alike)."""
+
+from __future__ import annotations
+
+import cutlass.cute as cute
+from cutlass import Int32
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import dsl_user_op
+
+__all__ = ["bulk_reduce_add_f32"]
+
+
+@dsl_user_op
+def bulk_reduce_add_f32(smem_ptr: cute.Pointer, gmem_ptr: cute.Pointer, num_bytes, *, loc=None, ip=None):
+    """``cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32``: ``num_bytes`` (a multiple of
+    16, both addresses 16-byte aligned) of fp32 in shared memory added into global memory by the
+    TMA unit, as one member of the issuing thread's bulk group (commit and wait with
+    ``cute.arch.cp_async_bulk_commit_group`` / ``cp_async_bulk_wait_group``)."""
+    llvm.inline_asm(
+        None,
+        [gmem_ptr.llvm_ptr, smem_ptr.toint(loc=loc, ip=ip).ir_value(), Int32(num_bytes).ir_value()],
+        "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [$0], [$1], $2;",
+        "l,r,r",
+        has_side_effects=True,
+        is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+    )
