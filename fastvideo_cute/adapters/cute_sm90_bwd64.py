@@ -3,7 +3,7 @@
 The chain of :mod:`fastvideo_cute.adapters.cute_sm100_bwd` with the sm_90a main kernel
 (``kernels/cute/block_sparse_bwd64/block_sparse_bwd64_sm90.py``) in stage 3: preprocess (CuTe DSL,
 verified on the H200) -> work order (torch) -> main (wgmma + TMA, one CTA per kv block, dq
-reduce-added in fp32) -> postprocess (CuTe DSL). Same contract as ``sm100_block_sparse_bwd64``:
+staged dQ bulk-reduced in fp32) -> postprocess (CuTe DSL). Same contract as ``sm100_block_sparse_bwd64``:
 q, k, v, out, dout ``[B, H, S, 128]`` bf16 contiguous with ``S = 64 * nb``, ``nb`` even; lse
 natural-log fp32 ``[B, H, S]``; k2q lists (``invert_indices`` layout); kv_block_sizes ``[nb]``
 (padded keys masked, their dk/dv rows exactly 0; NaN/Inf padding never leaks). dq is accumulated

@@ -9,7 +9,7 @@ Seed 000's launch chain, as CuTe DSL kernels JIT-compiled per arch:
       sequence, length-binned from the k2q counts from there;
   main (``block_sparse_bwd64_sm100.BlockSparseBwd64Sm100``, sm_100a): tcgen05 + TMEM + TMA, dQ
       reduce-added in fp32; on Hopper ``block_sparse_bwd64_sm90.BlockSparseBwd64Sm90`` (sm_90a): wgmma
-      + TMA, one warpgroup, dQ by fp32 atomics;
+      + TMA, one warpgroup, dQ staged and bulk-reduced in fp32 (or by atomics);
   postprocess (``block_sparse_bwd64_common.BlockSparseBwd64Postprocess``): dq = bf16(dq_accum *
       sm_scale), rows with lse = -inf exactly 0.
 
@@ -59,7 +59,7 @@ def main_kernel():
     return main_kernel_class()()
 
 
-def sm90_main_kernel(dq_reduce: str = "atomic"):
+def sm90_main_kernel(dq_reduce: str = "bulk"):
     """The wgmma main kernel object (sm_90a; imports the CuTe DSL); ``dq_reduce``: "atomic" or
     "bulk" (``block_sparse_bwd64_sm90.DQ_REDUCE``)."""
     from .block_sparse_bwd64_sm90 import BlockSparseBwd64Sm90

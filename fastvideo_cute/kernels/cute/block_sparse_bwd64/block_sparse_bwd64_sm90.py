@@ -60,9 +60,10 @@ CTAS_PER_SM = 2
 Q_STAGES = 2
 HALF = HEAD_DIM // 2  # dQ is computed in two column halves (64 accumulator registers, not 128)
 LOG2E = math.log2(math.e)
-#: how dQ reaches dq_accum: "atomic" (red.global.add.f32 per element from registers) or "bulk" (the
-#: 64 x 128 fp32 tile staged in the step's Q and dO slots, rows 0-31 and 32-63, once every MMA of
-#: the step has retired, and added by two cp.reduce.async.bulk of 16 KB)
+#: how dQ reaches dq_accum: "bulk" (the default: the 64 x 128 fp32 tile staged in the step's Q and
+#: dO slots, rows 0-31 and 32-63, once every MMA of the step has retired, and added by two
+#: cp.reduce.async.bulk of 16 KB; 1.6x "atomic" on the H200, benchmarks/results/bwd64_sm90_h200_v2.json)
+#: or "atomic" (red.global.add.f32 per element from registers)
 DQ_REDUCE = ("atomic", "bulk")
 
 
@@ -79,7 +80,7 @@ class BlockSparseBwd64Sm90(CuteKernel):
 
     name = "block_sparse_bwd64_sm90"
 
-    def __init__(self, dq_reduce: str = "atomic"):
+    def __init__(self, dq_reduce: str = "bulk"):
         if dq_reduce not in DQ_REDUCE:
             raise ValueError(f"dq_reduce must be one of {DQ_REDUCE}, got {dq_reduce!r}")
         self.dtype = cutlass.BFloat16
