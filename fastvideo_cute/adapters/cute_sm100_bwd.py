@@ -61,6 +61,7 @@ __all__ = [
     "sm100_block_sparse_bwd64",
     "compiled_main",
     "compiled_stage",
+    "run_bwd64_chain",
 ]
 
 LOG2E = math.log2(math.e)
@@ -289,6 +290,14 @@ def sm100_block_sparse_bwd64(q, k, v, out, dout, lse, k2q_idx, k2q_num, kv_block
         sm_scale = HEAD_DIM**-0.5
     if not math.isfinite(sm_scale):
         raise ValueError("sm100_block_sparse_bwd64: sm_scale must be finite")
+    fn = compiled_main(MAIN_CAPABILITIES[torch.cuda.get_device_capability(q.device)]) if q.numel() else None
+    return run_bwd64_chain(fn, q, k, v, out, dout, lse, k2q_idx, k2q_num, kv_block_sizes, sm_scale)
+
+
+def run_bwd64_chain(main_fn, q, k, v, out, dout, lse, k2q_idx, k2q_num, kv_block_sizes, sm_scale: float):
+    """Stages 1-4 around a compiled main kernel ``main_fn`` (the tcgen05 or the wgmma one: both take
+    ``(q2d, k2d, v2d, do2d, dk2d, dv2d, dqacc2d, lse2, delta, idx2d, num, vbs, order, sm_scale)``);
+    the inputs were checked by the caller's support predicate. Returns ``(dq, dk, dv)``."""
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     if q.numel() == 0:
         return dq, dk, dv
@@ -303,10 +312,9 @@ def sm100_block_sparse_bwd64(q, k, v, out, dout, lse, k2q_idx, k2q_num, kv_block
     num = k2q_num.to(torch.int32).reshape(items).contiguous()
     vbs = kv_block_sizes.to(torch.int32).contiguous()
     dq_accum = common["dq_accum"]
-    fn = compiled_main(MAIN_CAPABILITIES[torch.cuda.get_device_capability(q.device)])
     with torch.cuda.device(q.device):
-        fn(q.view(-1, HEAD_DIM), k.view(-1, HEAD_DIM), v.view(-1, HEAD_DIM), dout.view(-1, HEAD_DIM),
-           dk.view(-1, HEAD_DIM), dv.view(-1, HEAD_DIM), dq_accum.view(-1, HEAD_DIM),
-           common["lse2"].view(-1), common["delta"].view(-1), idx, num, vbs, order, float(sm_scale))
+        main_fn(q.view(-1, HEAD_DIM), k.view(-1, HEAD_DIM), v.view(-1, HEAD_DIM), dout.view(-1, HEAD_DIM),
+                dk.view(-1, HEAD_DIM), dv.view(-1, HEAD_DIM), dq_accum.view(-1, HEAD_DIM),
+                common["lse2"].view(-1), common["delta"].view(-1), idx, num, vbs, order, float(sm_scale))
     sm100_bwd64_postprocess(dq_accum, lse, sm_scale, dq=dq)
     return dq, dk, dv

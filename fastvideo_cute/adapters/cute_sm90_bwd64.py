@@ -26,7 +26,7 @@ from fastvideo_cute.kernels.cute import block_sparse_bwd64 as _kernels  # names 
 from fastvideo_cute.kernels.cute.block_sparse_bwd64.limits import HEAD_DIM, SM90_CAPABILITIES
 
 from ._checks import cute_dsl_importable
-from .cute_sm100_bwd import (_check_activations, _check_meta, sm100_bwd64_common_stages, sm100_bwd64_postprocess)
+from .cute_sm100_bwd import _check_activations, _check_meta, run_bwd64_chain
 
 __all__ = ["sm90_bwd64_support", "sm90_block_sparse_bwd64", "compiled_sm90_main", "MAX_ELEMS"]
 
@@ -75,24 +75,5 @@ def sm90_block_sparse_bwd64(q, k, v, out, dout, lse, k2q_idx, k2q_num, kv_block_
         sm_scale = HEAD_DIM**-0.5
     if not math.isfinite(sm_scale):
         raise ValueError("sm90_block_sparse_bwd64: sm_scale must be finite")
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    if q.numel() == 0:
-        return dq, dk, dv
-    batch, heads, _, _ = q.shape
-    nb = kv_block_sizes.numel()
-    items = batch * heads * nb
-    common = sm100_bwd64_common_stages(out, dout, lse, k2q_num, kv_block_sizes, dk=dk, dv=dv)
-    order = common["order"]
-    if order is None:
-        order = torch.arange(items, dtype=torch.int32, device=q.device)
-    idx = k2q_idx.to(torch.int32).reshape(items, k2q_idx.shape[-1]).contiguous()
-    num = k2q_num.to(torch.int32).reshape(items).contiguous()
-    vbs = kv_block_sizes.to(torch.int32).contiguous()
-    dq_accum = common["dq_accum"]
-    fn = compiled_sm90_main(dq_reduce)
-    with torch.cuda.device(q.device):
-        fn(q.view(-1, HEAD_DIM), k.view(-1, HEAD_DIM), v.view(-1, HEAD_DIM), dout.view(-1, HEAD_DIM),
-           dk.view(-1, HEAD_DIM), dv.view(-1, HEAD_DIM), dq_accum.view(-1, HEAD_DIM),
-           common["lse2"].view(-1), common["delta"].view(-1), idx, num, vbs, order, float(sm_scale))
-    sm100_bwd64_postprocess(dq_accum, lse, sm_scale, dq=dq)
-    return dq, dk, dv
+    fn = compiled_sm90_main(dq_reduce) if q.numel() else None
+    return run_bwd64_chain(fn, q, k, v, out, dout, lse, k2q_idx, k2q_num, kv_block_sizes, sm_scale)

@@ -236,3 +236,17 @@ class BlockSparseBwd64Postprocess(CuteKernel):
         lse = fake_vector(Float32, rows, align=4)
         dq = fake_matrix(self.dtype, rows, HEAD_DIM, align=16)
         return (acc, lse, dq, Float32(1.0), fake_stream())
+
+
+def main_fake_args(dtype, io_align: int, tma_align: int) -> tuple:
+    """The fake arguments of a main kernel (``block_sparse_bwd64_sm100`` / ``_sm90``): q, k, v, dO
+    ``[R, 128]`` (``tma_align``-byte aligned: TMA sources), dk, dv (``io_align``), dq_accum fp32,
+    lse2, delta ``[R]``, idx ``[items, max_q]``, num, order ``[items]``, vbs ``[nb]``, sm_scale, stream;
+    every size dynamic."""
+    rows, items, max_q, blocks = cute.sym_int32(), cute.sym_int32(), cute.sym_int32(), cute.sym_int32()
+    tma = [fake_matrix(dtype, rows, HEAD_DIM, align=tma_align) for _ in range(4)]
+    io = [fake_matrix(dtype, rows, HEAD_DIM, align=io_align) for _ in range(2)]
+    per_row = [fake_vector(Float32, rows, align=4) for _ in range(2)]
+    return (*tma, *io, fake_matrix(Float32, rows, HEAD_DIM, align=io_align), *per_row,
+            fake_matrix(Int32, items, max_q, align=4), fake_vector(Int32, items, align=4),
+            fake_vector(Int32, blocks, align=4), fake_vector(Int32, items, align=4), Float32(1.0), fake_stream())

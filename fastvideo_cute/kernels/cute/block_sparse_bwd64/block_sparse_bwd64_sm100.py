@@ -44,10 +44,11 @@ from cutlass import Float32, Int32, const_expr
 from cutlass.cute.nvgpu import cpasync, tcgen05, warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
-from fastvideo_cute.jit import CuteKernel, fake_matrix, fake_stream, fake_vector
+from fastvideo_cute.jit import CuteKernel
 
 from ..common.bulk import bulk_reduce_add_f32
 from ..common.tcgen05 import fence_after, fence_before
+from .block_sparse_bwd64_common import main_fake_args
 from .limits import BLOCK, HEAD_DIM
 
 PAIR = 2 * BLOCK  # q rows per MMA tile
@@ -514,18 +515,4 @@ class BlockSparseBwd64Sm100(CuteKernel):
 
     # ------------------------------------------------------------------ compilation
     def fake_args(self) -> tuple:
-        rows, items, max_q, blocks = cute.sym_int32(), cute.sym_int32(), cute.sym_int32(), cute.sym_int32()
-
-        def rows_x_dim(dtype):
-            return fake_matrix(dtype, rows, HEAD_DIM, align=16)
-
-        def per_row():
-            return fake_vector(Float32, rows, align=4)
-
-        bf = self.dtype
-        idx = fake_matrix(Int32, items, max_q, align=4)
-        num = fake_vector(Int32, items, align=4)
-        vbs = fake_vector(Int32, blocks, align=4)
-        order = fake_vector(Int32, items, align=4)
-        return (rows_x_dim(bf), rows_x_dim(bf), rows_x_dim(bf), rows_x_dim(bf), rows_x_dim(bf), rows_x_dim(bf),
-                rows_x_dim(Float32), per_row(), per_row(), idx, num, vbs, order, Float32(1.0), fake_stream())
+        return main_fake_args(self.dtype, io_align=16, tma_align=16)

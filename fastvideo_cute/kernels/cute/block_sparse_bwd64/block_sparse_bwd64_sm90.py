@@ -48,9 +48,11 @@ from cutlass import Float32, Int32, const_expr
 from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
 from quack import layout_utils
 
-from fastvideo_cute.jit import CuteKernel, fake_matrix, fake_stream, fake_vector
+from fastvideo_cute.jit import CuteKernel
 
 from ..common.bulk import bulk_reduce_add_f32
+from ..common.wgmma import wgmma_gemm
+from .block_sparse_bwd64_common import main_fake_args
 from .limits import BLOCK, HEAD_DIM
 
 __all__ = ["BlockSparseBwd64Sm90", "THREADS", "CTAS_PER_SM", "smem_bytes"]
@@ -141,7 +143,6 @@ class BlockSparseBwd64Sm90(CuteKernel):
                mma_s: cute.TiledMma, mma_kv: cute.TiledMma, mma_dq: cute.TiledMma,
                tile_layout: cute.ComposedLayout, ring_layout: cute.ComposedLayout, ds_layout: cute.ComposedLayout,
                SharedStorage: cutlass.Constexpr):
-        bf = self.dtype
         tidx, _, _ = cute.arch.thread_idx()
         work, _, _ = cute.arch.block_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -332,13 +333,7 @@ class BlockSparseBwd64Sm90(CuteKernel):
     def gemm(self, tiled_mma: cute.TiledMma, acc: cute.Tensor, tCrA: cute.Tensor, tCrB: cute.Tensor,
              zero_init: cutlass.Constexpr[bool]):
         """One wgmma group over the k-blocks (issued and committed; the caller waits)."""
-        warpgroup.fence()
-        atom = cute.make_mma_atom(tiled_mma.op)
-        atom.set(warpgroup.Field.ACCUMULATE, not zero_init)
-        for k in cutlass.range_constexpr(cute.size(tCrA.shape[2])):
-            cute.gemm(atom, acc, tCrA[None, None, k], tCrB[None, None, k], acc)
-            atom.set(warpgroup.Field.ACCUMULATE, True)
-        warpgroup.commit_group()
+        wgmma_gemm(tiled_mma, acc, tCrA, tCrB, zero_init)
 
     @cute.jit
     def reduce_dq(self, acc_dQ: cute.Tensor, thr_dq, mdQaccum: cute.Tensor, row0: Int32, col0: cutlass.Constexpr):
@@ -382,19 +377,4 @@ class BlockSparseBwd64Sm90(CuteKernel):
 
     # ------------------------------------------------------------------ compilation
     def fake_args(self) -> tuple:
-        rows, items, max_q, blocks = cute.sym_int32(), cute.sym_int32(), cute.sym_int32(), cute.sym_int32()
-
-        def rows_x_dim(dtype, align):
-            return fake_matrix(dtype, rows, HEAD_DIM, align=align)
-
-        def per_row():
-            return fake_vector(Float32, rows, align=4)
-
-        bf = self.dtype
-        idx = fake_matrix(Int32, items, max_q, align=4)
-        num = fake_vector(Int32, items, align=4)
-        vbs = fake_vector(Int32, blocks, align=4)
-        order = fake_vector(Int32, items, align=4)
-        return (rows_x_dim(bf, 128), rows_x_dim(bf, 128), rows_x_dim(bf, 128), rows_x_dim(bf, 128),
-                rows_x_dim(bf, 16), rows_x_dim(bf, 16), rows_x_dim(Float32, 16), per_row(), per_row(), idx, num, vbs,
-                order, Float32(1.0), fake_stream())
+        return main_fake_args(self.dtype, io_align=16, tma_align=128)

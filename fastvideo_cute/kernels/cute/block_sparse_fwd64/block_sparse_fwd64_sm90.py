@@ -62,6 +62,7 @@ from quack import layout_utils
 from fastvideo_cute.jit import CuteKernel, fake_stream
 
 from ..common.softmax import finalize_row, mask_keys_mn, online_softmax_rows
+from ..common.wgmma import wgmma_gemm
 
 __all__ = ["BlockSparseFwd64Sm90", "BLOCK", "HEAD_DIMS", "DTYPE_NAMES", "BASE_ALIGN", "SMEM_PER_SM", "smem_bytes"]
 
@@ -470,13 +471,7 @@ class BlockSparseFwd64Sm90(CuteKernel):
     def gemm(self, tiled_mma: cute.TiledMma, acc: cute.Tensor, tCrA: cute.Tensor, tCrB: cute.Tensor,
              zero_init: cutlass.Constexpr[bool]):
         """One wgmma group over the k-blocks (issued and committed; the caller waits)."""
-        warpgroup.fence()
-        atom = cute.make_mma_atom(tiled_mma.op)
-        atom.set(warpgroup.Field.ACCUMULATE, not zero_init)
-        for k in cutlass.range_constexpr(cute.size(tCrA.shape[2])):
-            cute.gemm(atom, acc, tCrA[None, None, k], tCrB[None, None, k], acc)
-            atom.set(warpgroup.Field.ACCUMULATE, True)
-        warpgroup.commit_group()
+        wgmma_gemm(tiled_mma, acc, tCrA, tCrB, zero_init)
 
     @cute.jit
     def gemm_pv(self, tiled_mma: cute.TiledMma, acc: cute.Tensor, rP: cute.Tensor, tOrV: cute.Tensor, keys: Int32):
