@@ -40,7 +40,8 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--rep", type=int, default=50)
     p.add_argument("--cases", nargs="+", default=["32768", "65536", "grid"])
-    p.add_argument("--variants", nargs="+", default=["atomic", "bulk"], help="dq_reduce configs of ours")
+    p.add_argument("--variants", nargs="+", default=["atomic", "bulk"],
+                   help="configs of ours: atomic, bulk, bulk-smemstats (dq_reduce, and lse2/delta by bulk copy)")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     rows = []
@@ -65,8 +66,9 @@ def main(argv=None) -> int:
         lse_c = lse.contiguous()
         entries = {"cudnn": cudnn}
         for var in args.variants:
-            entries[var] = (lambda var=var: sm90_block_sparse_bwd64(q, k, v, o, do, lse_c, kidx, knum, sizes,
-                                                                   dq_reduce=var))
+            reduce, _, extra = var.partition("-")
+            entries[var] = (lambda reduce=reduce, extra=extra: sm90_block_sparse_bwd64(
+                q, k, v, o, do, lse_c, kidx, knum, sizes, dq_reduce=reduce, stats_in_smem=extra == "smemstats"))
         ref = [t.clone() for t in cudnn()]
         err, finite = {}, {}
         for var in args.variants:

@@ -58,16 +58,18 @@ def sm90_bwd64_support(q, k, v, out, dout, lse, k2q_idx, k2q_num, kv_block_sizes
     return True, ""
 
 
-def compiled_sm90_main(dq_reduce: str = DQ_REDUCE_DEFAULT):
+def compiled_sm90_main(dq_reduce: str = DQ_REDUCE_DEFAULT, stats_in_smem: bool = False):
     """The wgmma main kernel compiled (TVM-FFI) for sm_90a through :mod:`fastvideo_cute.jit`."""
-    return _kernels.sm90_main_kernel(dq_reduce).compile("sm_90a")
+    return _kernels.sm90_main_kernel(dq_reduce, stats_in_smem).compile("sm_90a")
 
 
 def sm90_block_sparse_bwd64(q, k, v, out, dout, lse, k2q_idx, k2q_num, kv_block_sizes,
-                            sm_scale: Optional[float] = None, dq_reduce: str = DQ_REDUCE_DEFAULT):
+                            sm_scale: Optional[float] = None, dq_reduce: str = DQ_REDUCE_DEFAULT,
+                            stats_in_smem: bool = False):
     """The whole backward; returns ``(dq, dk, dv)``, bf16 ``[B, H, S, 128]`` (module docstring).
-    ``dq_reduce``: the main kernel's dQ path ("atomic" / "bulk"). Raises ``ValueError`` naming the
-    reason when :func:`sm90_bwd64_support` refuses."""
+    ``dq_reduce``: the main kernel's dQ path ("atomic" / "bulk"); ``stats_in_smem``: the kernel's
+    lse2/delta by bulk copy into shared memory (compile-verified, not yet run on a GPU). Raises
+    ``ValueError`` naming the reason when :func:`sm90_bwd64_support` refuses."""
     ok, reason = sm90_bwd64_support(q, k, v, out, dout, lse, k2q_idx, k2q_num, kv_block_sizes)
     if not ok:
         raise ValueError(f"sm90_block_sparse_bwd64: {reason}")
@@ -75,5 +77,5 @@ def sm90_block_sparse_bwd64(q, k, v, out, dout, lse, k2q_idx, k2q_num, kv_block_
         sm_scale = HEAD_DIM**-0.5
     if not math.isfinite(sm_scale):
         raise ValueError("sm90_block_sparse_bwd64: sm_scale must be finite")
-    fn = compiled_sm90_main(dq_reduce) if q.numel() else None
+    fn = compiled_sm90_main(dq_reduce, stats_in_smem) if q.numel() else None
     return run_bwd64_chain(fn, q, k, v, out, dout, lse, k2q_idx, k2q_num, kv_block_sizes, sm_scale)

@@ -56,6 +56,23 @@ def test_atomic_variant_reduces_per_element(kernel_report):
     assert report.count("HGMMA") == 32
 
 
+def test_smem_stats_variant_copies_lse_and_delta_in_bulk():
+    """``stats_in_smem``: lse2/delta arrive by two 256-byte bulk copies per q block (two issue
+    sites: the first block and the loop's prefetch) and are read from shared memory; no spill."""
+    from functools import partial
+
+    from fastvideo_cute.kernels.cute import CuteKernelSpec
+    from fastvideo_cute.kernels.cute.block_sparse_bwd64 import sm90_main_kernel
+
+    spec = CuteKernelSpec(name=NAME + "_smemstats", archs=("sm_90a",), make=partial(sm90_main_kernel, "bulk", True),
+                          expect=("HGMMA", "UTMALDG", "UBLKRED", "UBLKCP"))
+    report = build_report(spec, "sm_90a")
+    print(report.line)
+    assert report.ok and report.spill == 0 and report.regs <= 255, report.line
+    assert report.count("UBLKCP") == 4 and report.count("LDS") >= 8
+    assert report.count("HGMMA") == 32
+
+
 def test_bad_configuration_is_refused():
     from fastvideo_cute.kernels.cute.block_sparse_bwd64 import sm90_main_kernel
 

@@ -31,10 +31,14 @@ pytest.importorskip("cutlass")
 
 
 def _run(q, k, v, o, do, lse, idx, num, vbs, dq_reduce="atomic"):
+    """``dq_reduce``: "atomic", "bulk", or "bulk-smemstats" (the bulk path with lse2/delta staged
+    in shared memory)."""
     kidx, knum = invert_indices(idx, num, vbs.numel())
     for t in (q, q, q):
         _poison_allocator(t)
-    return A.sm90_block_sparse_bwd64(q, k, v, o, do, lse, kidx, knum, vbs, dq_reduce=dq_reduce)
+    reduce, _, extra = dq_reduce.partition("-")
+    return A.sm90_block_sparse_bwd64(q, k, v, o, do, lse, kidx, knum, vbs, dq_reduce=reduce,
+                                     stats_in_smem=extra == "smemstats")
 
 
 def _vs_reference(dq_reduce="atomic", **case):
@@ -69,14 +73,14 @@ def test_sequence_lengths(nb):
     _vs_reference(nb=nb, topk=min(3, nb), ragged=True)
 
 
-@pytest.mark.parametrize("dq_reduce", ["atomic", "bulk"])
+@pytest.mark.parametrize("dq_reduce", ["atomic", "bulk", "bulk-smemstats"])
 def test_bulk_dq_reduce_matches_reference(dq_reduce):
     """The main kernel's two dQ paths (fp32 atomics / the tile staged and bulk-reduced), B = 2,
     ragged NaN/Inf padding, top-k 5 (an odd list length: the staging slots alternate)."""
     _vs_reference(dq_reduce=dq_reduce, batch=2, topk=5, ragged=True, seed=3)
 
 
-@pytest.mark.parametrize("dq_reduce", ["atomic", "bulk"])
+@pytest.mark.parametrize("dq_reduce", ["atomic", "bulk", "bulk-smemstats"])
 def test_zero_count_kv_blocks_and_empty_q_blocks(dq_reduce):
     (dq, dk, dv), lse = _vs_reference(dq_reduce=dq_reduce, excluded=(2, 5), empty_q=(1,), ragged=True)
     for j in (2, 5):
@@ -98,7 +102,7 @@ def test_bad_input_is_refused_before_launch():
         A.sm90_block_sparse_bwd64(q.half(), k, v, o, do, lse, kidx, knum, vbs)
 
 
-@pytest.mark.parametrize("dq_reduce", ["atomic", "bulk"])
+@pytest.mark.parametrize("dq_reduce", ["atomic", "bulk", "bulk-smemstats"])
 def test_65536_tokens_vs_triton_and_run_to_run(dq_reduce):
     """1,024 kv blocks (the work order's regime), 12.5 % density, 4 heads: against the Triton
     backward; two runs: dk, dv bitwise, dq within the seed's summation-order bound."""

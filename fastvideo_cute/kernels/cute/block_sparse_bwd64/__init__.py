@@ -59,9 +59,10 @@ def main_kernel():
     return main_kernel_class()()
 
 
-def sm90_main_kernel(dq_reduce: str = "bulk"):
+def sm90_main_kernel(dq_reduce: str = "bulk", stats_in_smem: bool = False):
     """The wgmma main kernel object (sm_90a; imports the CuTe DSL); ``dq_reduce``: "atomic" or
-    "bulk" (``block_sparse_bwd64_sm90.DQ_REDUCE``)."""
+    "bulk" (``block_sparse_bwd64_sm90.DQ_REDUCE``); ``stats_in_smem``: lse2/delta by bulk copy
+    (compile-verified only)."""
     from .block_sparse_bwd64_sm90 import BlockSparseBwd64Sm90
 
-    return BlockSparseBwd64Sm90(dq_reduce)
+    return BlockSparseBwd64Sm90(dq_reduce, stats_in_smem)

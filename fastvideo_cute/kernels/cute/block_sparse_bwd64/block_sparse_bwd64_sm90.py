@@ -50,7 +50,7 @@ from quack import layout_utils
 
 from fastvideo_cute.jit import CuteKernel
 
-from ..common.bulk import bulk_reduce_add_f32
+from ..common.bulk import bulk_copy_g2s, bulk_reduce_add_f32
 from ..common.wgmma import wgmma_gemm
 from .block_sparse_bwd64_common import main_fake_args
 from .limits import BLOCK, HEAD_DIM
@@ -82,14 +82,18 @@ class BlockSparseBwd64Sm90(CuteKernel):
 
     name = "block_sparse_bwd64_sm90"
 
-    def __init__(self, dq_reduce: str = "bulk"):
+    def __init__(self, dq_reduce: str = "bulk", stats_in_smem: bool = False):
         if dq_reduce not in DQ_REDUCE:
             raise ValueError(f"dq_reduce must be one of {DQ_REDUCE}, got {dq_reduce!r}")
         self.dtype = cutlass.BFloat16
         self.dq_reduce = dq_reduce
+        #: the q block's lse2 and delta (2 x 256 B) by bulk copy into shared memory with its Q/dO
+        #: tiles, instead of 32 global loads per thread per step (compile-verified, not yet run on
+        #: a GPU: benchmarks/explore_bwd64_sm90.py --variants bulk-smemstats measures it)
+        self.stats_in_smem = bool(stats_in_smem)
 
     def config(self):
-        return {"dq_reduce": self.dq_reduce}
+        return {"dq_reduce": self.dq_reduce, "stats_in_smem": self.stats_in_smem}
 
     # ------------------------------------------------------------------ host side
     @cute.jit
@@ -115,6 +119,8 @@ class BlockSparseBwd64Sm90(CuteKernel):
                                                      tiler_mn=(BLOCK, HEAD_DIM), a_source=warpgroup.OperandSource.RMEM)
         mma_dq = sm90_helpers.make_trivial_tiled_mma(bf, bf, K_MAJ, MN_MAJ, Float32, (1, 1, 1), tiler_mn=(BLOCK, HALF))
 
+        stat_elems = 2 * BLOCK * Q_STAGES if const_expr(self.stats_in_smem) else 4
+
         @cute.struct
         class SharedStorage:
             bar_kv: cute.struct.MemRange[cutlass.Int64, 1]
@@ -124,6 +130,7 @@ class BlockSparseBwd64Sm90(CuteKernel):
             sQ: cute.struct.Align[cute.struct.MemRange[bf, cute.cosize(ring_layout)], 1024]
             sdO: cute.struct.Align[cute.struct.MemRange[bf, cute.cosize(ring_layout)], 1024]
             sdS: cute.struct.Align[cute.struct.MemRange[bf, cute.cosize(ds_layout)], 1024]
+            sStat: cute.struct.Align[cute.struct.MemRange[Float32, stat_elems], 128]  # lse2, delta per slot
 
         scale_log2 = sm_scale * Float32(LOG2E)
         self.kernel(
@@ -184,6 +191,8 @@ class BlockSparseBwd64Sm90(CuteKernel):
         sdOt = layout_utils.transpose_view(sdO)
         sKt = layout_utils.transpose_view(sK)  # (hd, kv)
         sdSt = layout_utils.transpose_view(sdS)  # (kv, q)
+        sStat = storage.sStat.get_tensor(cute.make_layout(2 * BLOCK * Q_STAGES if const_expr(self.stats_in_smem) else 4))
+        stat_ptr = storage.sStat.data_ptr()
 
         # ---- TMA partitions (tiles of 64 rows of the [R, 128] row views)
         unit = cute.make_layout(1)
@@ -237,7 +246,7 @@ class BlockSparseBwd64Sm90(CuteKernel):
             cute.copy(tma_atom_K, tKgK[None, kv_rb], tKsK, tma_bar_ptr=bar_kv.get_barrier(0))
             cute.copy(tma_atom_V, tVgV[None, kv_rb], tVsV, tma_bar_ptr=bar_kv.get_barrier(0))
             self.load_q(tma_atom_Q, tQgQ, tQsQ, tma_atom_dO, tOgO, tOsO, bar_q, 2 * tile_bytes, 0,
-                        bh * nb + mIdx[item, 0])
+                        bh * nb + mIdx[item, 0], mLSE2, mDelta, stat_ptr)
         bar_kv.wait(0, 0)
         if size < BLOCK:
             for r in cutlass.range(size, BLOCK, unroll=1):
@@ -255,13 +264,19 @@ class BlockSparseBwd64Sm90(CuteKernel):
                 cute.arch.barrier()
             if warp_idx == 0 and t + 1 < count:  # the next q block into the other slot (freed at t - 1)
                 self.load_q(tma_atom_Q, tQgQ, tQsQ, tma_atom_dO, tOgO, tOsO, bar_q, 2 * tile_bytes, (t + 1) % Q_STAGES,
-                            bh * nb + mIdx[item, t + 1])
+                            bh * nb + mIdx[item, t + 1], mLSE2, mDelta, stat_ptr)
             row0 = q_rb * BLOCK
-            for c in cutlass.range_constexpr(num_cols):
-                j = tScS_mn[0, c][1]
-                lse2[c] = mLSE2[row0 + j]
-                delta[c] = mDelta[row0 + j]
+            if const_expr(not self.stats_in_smem):
+                for c in cutlass.range_constexpr(num_cols):
+                    j = tScS_mn[0, c][1]
+                    lse2[c] = mLSE2[row0 + j]
+                    delta[c] = mDelta[row0 + j]
             bar_q.wait(s, (t // Q_STAGES) % 2)
+            if const_expr(self.stats_in_smem):
+                for c in cutlass.range_constexpr(num_cols):
+                    j = tScS_mn[0, c][1]
+                    lse2[c] = sStat[s * (2 * BLOCK) + j]
+                    delta[c] = sStat[s * (2 * BLOCK) + BLOCK + j]
             # S^T = K Q^T and dP^T = V dO^T in flight together
             self.gemm(mma_s, acc_S, tSrK, tSrQ[None, None, None, s], zero_init=True)
             self.gemm(mma_s, acc_dP, tPrV, tPrdO[None, None, None, s], zero_init=True)
@@ -323,11 +338,19 @@ class BlockSparseBwd64Sm90(CuteKernel):
                 cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     @cute.jit
-    def load_q(self, tma_atom_Q, tQgQ, tQsQ, tma_atom_dO, tOgO, tOsO, bar_q, tx_bytes: cutlass.Constexpr, slot, rb):
-        """(warp 0) Q and dO rows of row block ``rb`` into ring slot ``slot``, on its barrier."""
-        bar_q.arrive_and_expect_tx(slot, tx_bytes)
+    def load_q(self, tma_atom_Q, tQgQ, tQsQ, tma_atom_dO, tOgO, tOsO, bar_q, tx_bytes: cutlass.Constexpr, slot, rb,
+               mLSE2, mDelta, stat_ptr):
+        """(warp 0) Q and dO rows of row block ``rb`` into ring slot ``slot``, on its barrier (with
+        ``stats_in_smem`` also the block's lse2 and delta, 256 B each, into the slot's stat pair)."""
+        stat_bytes = 2 * BLOCK * 4 if const_expr(self.stats_in_smem) else 0
+        bar_q.arrive_and_expect_tx(slot, tx_bytes + stat_bytes)
         cute.copy(tma_atom_Q, tQgQ[None, rb], tQsQ[None, slot], tma_bar_ptr=bar_q.get_barrier(slot))
         cute.copy(tma_atom_dO, tOgO[None, rb], tOsO[None, slot], tma_bar_ptr=bar_q.get_barrier(slot))
+        if const_expr(self.stats_in_smem):
+            with cute.arch.elect_one():
+                dst = stat_ptr + slot * (2 * BLOCK)
+                bulk_copy_g2s(mLSE2.iterator + rb * BLOCK, dst, bar_q.get_barrier(slot), BLOCK * 4)
+                bulk_copy_g2s(mDelta.iterator + rb * BLOCK, dst + BLOCK, bar_q.get_barrier(slot), BLOCK * 4)
 
     @cute.jit
     def gemm(self, tiled_mma: cute.TiledMma, acc: cute.Tensor, tCrA: cute.Tensor, tCrB: cute.Tensor,

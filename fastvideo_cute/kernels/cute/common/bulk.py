@@ -8,7 +8,7 @@ from cutlass import Int32
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import dsl_user_op
 
-__all__ = ["bulk_reduce_add_f32"]
+__all__ = ["bulk_reduce_add_f32", "bulk_copy_g2s"]
 
 
 @dsl_user_op
@@ -22,6 +22,25 @@ def bulk_reduce_add_f32(smem_ptr: cute.Pointer, gmem_ptr: cute.Pointer, num_byte
         [gmem_ptr.llvm_ptr, smem_ptr.toint(loc=loc, ip=ip).ir_value(), Int32(num_bytes).ir_value()],
         "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [$0], [$1], $2;",
         "l,r,r",
+        has_side_effects=True,
+        is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+    )
+
+
+@dsl_user_op
+def bulk_copy_g2s(gmem_ptr: cute.Pointer, smem_ptr: cute.Pointer, mbar_ptr: cute.Pointer, num_bytes, *, loc=None,
+                  ip=None):
+    """``cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes``: ``num_bytes`` (a
+    multiple of 16, both addresses 16-byte aligned) from global to shared memory by the TMA unit,
+    completing on the mbarrier ``mbar_ptr`` (whose expected transaction bytes must include them).
+    Issue from one thread (``cute.arch.elect_one``)."""
+    llvm.inline_asm(
+        None,
+        [gmem_ptr.llvm_ptr, smem_ptr.toint(loc=loc, ip=ip).ir_value(), mbar_ptr.toint(loc=loc, ip=ip).ir_value(),
+         Int32(num_bytes).ir_value()],
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [$1], [$0], $3, [$2];",
+        "l,r,r,r",
         has_side_effects=True,
         is_align_stack=False,
         asm_dialect=llvm.AsmDialect.AD_ATT,
