@@ -192,16 +192,13 @@ class Bench:
             for _ in range(5):
                 once()
             torch.cuda.synchronize()
-        kernels = {}
-        for e in prof.key_averages():
-            t = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
-            if t and e.count:
-                kernels[e.key] = {"us": t / 5, "launches": e.count / 5}
+        from profile_route import kernel_table
+
+        kernels = kernel_table(prof, 5)
         total = sum(x["us"] for x in kernels.values())
         sparse = sum(x["us"] for name, x in kernels.items() if SPARSE_KERNEL_RE.search(name))
         return {"gpu_us": total, "sparse_kernel_us": sparse, "glue_us": total - sparse,
-                "glue_share": (total - sparse) / total if total else None,
-                "kernels": dict(sorted(kernels.items(), key=lambda kv: -kv[1]["us"]))}
+                "glue_share": (total - sparse) / total if total else None, "kernels": kernels}
 
     def _row(self, entry, p, mode, status, ms=None, reason=None, **extra):
         r = {"entry": entry, "preset": p.preset.name, "grid": list(p.grid), "tile": list(p.tile),

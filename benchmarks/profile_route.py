@@ -42,13 +42,19 @@ def profile_call(fn, grad_to_none=None, iters: int = 10) -> dict:
         for _ in range(iters):
             once()
         torch.cuda.synchronize()
+    kernels = kernel_table(prof, iters, key_len=120)
+    return {"gpu_us": sum(k["us"] for k in kernels.values()), "kernels": kernels}
+
+
+def kernel_table(prof, iters: int, key_len=None) -> dict:
+    """``{kernel name: {"us": device us per call, "launches": per call}}`` of a finished
+    ``torch.profiler.profile`` over ``iters`` calls, slowest first (names cut to ``key_len``)."""
     kernels = {}
     for e in prof.key_averages():
         t = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
         if t and e.count:
-            kernels[e.key[:120]] = {"us": t / iters, "launches": e.count / iters}
-    kernels = dict(sorted(kernels.items(), key=lambda kv: -kv[1]["us"]))
-    return {"gpu_us": sum(k["us"] for k in kernels.values()), "kernels": kernels}
+            kernels[e.key[:key_len]] = {"us": t / iters, "launches": e.count / iters}
+    return dict(sorted(kernels.items(), key=lambda kv: -kv[1]["us"]))
 
 
 def main(argv=None) -> int:

@@ -23,6 +23,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
 
 SHAPES = {  # name: (heads, rows, cols): bench_vsa's cases at B=1, H=12
     "S32768-blk64": (12, 512, 512),
@@ -34,17 +35,9 @@ CONFIGS = list(itertools.product((1, 2, 4, 8), (1, 2, 4, 8)))
 
 
 def device_us(fn, iters=20) -> float:
-    import torch
-    from torch.profiler import ProfilerActivity, profile
+    from profile_route import profile_call
 
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(iters):
-            fn()
-        torch.cuda.synchronize()
-    return sum(getattr(e, "device_time_total", 0) or 0 for e in prof.key_averages()) / iters
+    return profile_call(fn, iters=iters)["gpu_us"]
 
 
 def main(argv=None) -> int:

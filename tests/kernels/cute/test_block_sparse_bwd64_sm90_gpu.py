@@ -98,6 +98,10 @@ def test_bad_input_is_refused_before_launch():
         A.sm90_block_sparse_bwd64(*three, kidx[:, :, :3].contiguous(), knum[:, :, :3].contiguous(), vbs[:3])
     with pytest.raises(ValueError, match="contiguous"):
         A.sm90_block_sparse_bwd64(q.transpose(1, 2), k, v, o, do, lse, kidx, knum, vbs)
+    # q_len != kv_len: the chain is square (one S for q and kv), refused by shape
+    k2, v2 = (torch.cat([t, t], dim=2) for t in (k, v))
+    with pytest.raises(ValueError, match="shape"):
+        A.sm90_block_sparse_bwd64(q, k2, v2, o, do, lse, kidx, knum, vbs)
     with pytest.raises(ValueError, match="bfloat16|bf16"):
         A.sm90_block_sparse_bwd64(q.half(), k, v, o, do, lse, kidx, knum, vbs)
 
