@@ -41,7 +41,9 @@ def main(argv=None) -> int:
     p.add_argument("--rep", type=int, default=50)
     p.add_argument("--cases", nargs="+", default=["32768", "65536", "grid"])
     p.add_argument("--variants", nargs="+", default=["atomic", "bulk"],
-                   help="configs of ours: atomic, bulk, bulk-smemstats (dq_reduce, and lse2/delta by bulk copy)")
+                   help="configs of ours: atomic, bulk, bulk-smemstats (dq_reduce, and lse2/delta by bulk copy) of the "
+                        "single-warpgroup main kernel; ws or ws:key=int,... (the warp-specialized one and its "
+                        "configuration, e.g. ws:kv_regs=1,p_stages=2; identity=1 runs the chain with the identity work order)")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     rows = []
@@ -67,8 +69,15 @@ def main(argv=None) -> int:
         entries = {"cudnn": cudnn}
         for var in args.variants:
             reduce, _, extra = var.partition("-")
-            entries[var] = (lambda reduce=reduce, extra=extra: sm90_block_sparse_bwd64(
-                q, k, v, o, do, lse_c, kidx, knum, sizes, dq_reduce=reduce, stats_in_smem=extra == "smemstats"))
+            main, _, cfg = var.partition(":")
+            ws_config = {kk: int(vv) for kk, vv in (x.split("=") for x in cfg.split(",") if x)} if main == "ws" else {}
+            policy = "identity" if ws_config.pop("identity", 0) else "auto"  # the chain's work order
+            entries[var] = (lambda reduce=reduce, extra=extra, main=main, ws_config=ws_config, policy=policy:
+                            sm90_block_sparse_bwd64(q, k, v, o, do, lse_c, kidx, knum, sizes,
+                                                    dq_reduce="bulk" if main == "ws" else reduce,
+                                                    stats_in_smem=extra == "smemstats",
+                                                    main="ws" if main == "ws" else "single", ws_config=ws_config,
+                                                    order_policy=policy))
         ref = [t.clone() for t in cudnn()]
         err, finite = {}, {}
         for var in args.variants:

@@ -48,6 +48,7 @@ __all__ = [
     "HEAD_DIM",
     "ORDER_MIN_KV_BLOCKS",
     "ORDER_NUM_BINS",
+    "ORDER_POLICIES",
     "COMMON_CAPABILITIES",
     "MAIN_CAPABILITIES",
     "OPT_IN_ENV",
@@ -66,6 +67,8 @@ __all__ = [
 
 LOG2E = math.log2(math.e)
 ORDER_NUM_BINS = 8
+#: run_bwd64_chain's work-order policies
+ORDER_POLICIES = ("auto", "identity")
 
 OPT_IN_ENV = "FASTVIDEO_CUTE_SM100_BWD"
 
@@ -294,10 +297,15 @@ def sm100_block_sparse_bwd64(q, k, v, out, dout, lse, k2q_idx, k2q_num, kv_block
     return run_bwd64_chain(fn, q, k, v, out, dout, lse, k2q_idx, k2q_num, kv_block_sizes, sm_scale)
 
 
-def run_bwd64_chain(main_fn, q, k, v, out, dout, lse, k2q_idx, k2q_num, kv_block_sizes, sm_scale: float):
+def run_bwd64_chain(main_fn, q, k, v, out, dout, lse, k2q_idx, k2q_num, kv_block_sizes, sm_scale: float,
+                    order_policy: str = "auto"):
     """Stages 1-4 around a compiled main kernel ``main_fn`` (the tcgen05 or the wgmma one: both take
     ``(q2d, k2d, v2d, do2d, dk2d, dv2d, dqacc2d, lse2, delta, idx2d, num, vbs, order, sm_scale)``);
-    the inputs were checked by the caller's support predicate. Returns ``(dq, dk, dv)``."""
+    the inputs were checked by the caller's support predicate. ``order_policy``: "auto" (stage 2's
+    :func:`work_order`) or "identity" (CTA = item: neighbouring kv blocks of one head run together,
+    so the q blocks they reduce dQ into and read Q/dO from are one head's). Returns ``(dq, dk, dv)``."""
+    if order_policy not in ORDER_POLICIES:
+        raise ValueError(f"order_policy must be one of {ORDER_POLICIES}, got {order_policy!r}")
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     if q.numel() == 0:
         return dq, dk, dv
@@ -305,7 +313,7 @@ def run_bwd64_chain(main_fn, q, k, v, out, dout, lse, k2q_idx, k2q_num, kv_block
     nb = kv_block_sizes.numel()
     items = batch * heads * nb
     common = sm100_bwd64_common_stages(out, dout, lse, k2q_num, kv_block_sizes, dk=dk, dv=dv)
-    order = common["order"]
+    order = common["order"] if order_policy == "auto" else None
     if order is None:
         order = torch.arange(items, dtype=torch.int32, device=q.device)
     idx = k2q_idx.to(torch.int32).reshape(items, k2q_idx.shape[-1]).contiguous()

@@ -27,6 +27,7 @@ from fastvideo_cute.kernels.cute.block_sparse_bwd64.limits import HEAD_DIM, SM90
 
 from ._checks import cute_dsl_importable
 from .cute_sm100_bwd import _check_activations, _check_meta, run_bwd64_chain
+from .cute_sm90_bwd64_ws import GROUP_BLOCKS_DEFAULT, GROUP_MIN_BLOCKS, run_ws_chain
 
 __all__ = ["sm90_bwd64_support", "sm90_block_sparse_bwd64", "compiled_sm90_main", "MAX_ELEMS"]
 
@@ -58,18 +59,37 @@ def sm90_bwd64_support(q, k, v, out, dout, lse, k2q_idx, k2q_num, kv_block_sizes
     return True, ""
 
 
-def compiled_sm90_main(dq_reduce: str = DQ_REDUCE_DEFAULT, stats_in_smem: bool = False):
-    """The wgmma main kernel compiled (TVM-FFI) for sm_90a through :mod:`fastvideo_cute.jit`."""
+#: the main kernels: "single" (``block_sparse_bwd64_sm90``: one warpgroup does every MMA, two CTAs
+#: per SM; ``dq_reduce`` / ``stats_in_smem`` configure it) and "ws" (``block_sparse_bwd64_sm90_ws``:
+#: warp-specialized, a producer warp, a dQ store warp and two MMA warpgroups, one CTA per SM)
+MAINS = ("single", "ws")
+
+
+def compiled_sm90_main(dq_reduce: str = DQ_REDUCE_DEFAULT, stats_in_smem: bool = False, main: str = "single",
+                       ws_config: Optional[dict] = None):
+    """The wgmma main kernel compiled (TVM-FFI) for sm_90a through :mod:`fastvideo_cute.jit`
+    (``ws_config``: keyword arguments of ``BlockSparseBwd64Sm90Ws``, for ``main="ws"``)."""
+    if main not in MAINS:
+        raise ValueError(f"main must be one of {MAINS}, got {main!r}")
+    if main == "ws":
+        return _kernels.sm90_ws_main_kernel(**(ws_config or {})).compile("sm_90a")
     return _kernels.sm90_main_kernel(dq_reduce, stats_in_smem).compile("sm_90a")
 
 
 def sm90_block_sparse_bwd64(q, k, v, out, dout, lse, k2q_idx, k2q_num, kv_block_sizes,
                             sm_scale: Optional[float] = None, dq_reduce: str = DQ_REDUCE_DEFAULT,
-                            stats_in_smem: bool = False):
+                            stats_in_smem: bool = False, main: str = "single", ws_config: Optional[dict] = None,
+                            order_policy: str = "auto"):
     """The whole backward; returns ``(dq, dk, dv)``, bf16 ``[B, H, S, 128]`` (module docstring).
     ``dq_reduce``: the main kernel's dQ path ("atomic" / "bulk"); ``stats_in_smem``: the kernel's
-    lse2/delta by bulk copy into shared memory (compile-verified, not yet run on a GPU). Raises
-    ``ValueError`` naming the reason when :func:`sm90_bwd64_support` refuses."""
+    lse2/delta by bulk copy into shared memory; ``main``: which main kernel (:data:`MAINS`; "ws" is
+    configured by ``ws_config`` instead: ``BlockSparseBwd64Sm90Ws``'s keyword arguments and
+    ``group_blocks`` / ``group_min_blocks``, the q groups of ``cute_sm90_bwd64_ws.run_ws_chain``,
+    ``group_blocks=0`` for none);
+    ``order_policy``: the chain's work order (``cute_sm100_bwd.ORDER_POLICIES``). Raises ``ValueError`` naming the reason when :func:`sm90_bwd64_support`
+    refuses."""
+    if main not in MAINS:
+        raise ValueError(f"sm90_block_sparse_bwd64: main must be one of {MAINS}, got {main!r}")
     ok, reason = sm90_bwd64_support(q, k, v, out, dout, lse, k2q_idx, k2q_num, kv_block_sizes)
     if not ok:
         raise ValueError(f"sm90_block_sparse_bwd64: {reason}")
@@ -77,5 +97,14 @@ def sm90_block_sparse_bwd64(q, k, v, out, dout, lse, k2q_idx, k2q_num, kv_block_
         sm_scale = HEAD_DIM**-0.5
     if not math.isfinite(sm_scale):
         raise ValueError("sm90_block_sparse_bwd64: sm_scale must be finite")
-    fn = compiled_sm90_main(dq_reduce, stats_in_smem) if q.numel() else None
-    return run_bwd64_chain(fn, q, k, v, out, dout, lse, k2q_idx, k2q_num, kv_block_sizes, sm_scale)
+    if main == "ws":
+        cfg = dict(ws_config or {})
+        group_blocks = cfg.pop("group_blocks", GROUP_BLOCKS_DEFAULT) or None  # 0: no q groups
+        group_min = cfg.pop("group_min_blocks", GROUP_MIN_BLOCKS)
+        if "grouped" in cfg:
+            raise ValueError("sm90_block_sparse_bwd64: ws_config's 'grouped' follows from group_blocks")
+        return run_ws_chain(lambda grouped: compiled_sm90_main(main="ws", ws_config={**cfg, "grouped": grouped}),
+                            q, k, v, out, dout, lse, k2q_idx, k2q_num, kv_block_sizes, sm_scale, order_policy,
+                            group_blocks, group_min)
+    fn = compiled_sm90_main(dq_reduce, stats_in_smem, main, ws_config) if q.numel() else None
+    return run_bwd64_chain(fn, q, k, v, out, dout, lse, k2q_idx, k2q_num, kv_block_sizes, sm_scale, order_policy)

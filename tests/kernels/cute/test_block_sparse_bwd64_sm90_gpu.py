@@ -32,10 +32,15 @@ pytest.importorskip("cutlass")
 
 def _run(q, k, v, o, do, lse, idx, num, vbs, dq_reduce="atomic"):
     """``dq_reduce``: "atomic", "bulk", or "bulk-smemstats" (the bulk path with lse2/delta staged
-    in shared memory)."""
+    in shared memory) of the single-warpgroup main kernel, or "ws[:key=int,...]" (the warp-specialized
+    one, configured)."""
     kidx, knum = invert_indices(idx, num, vbs.numel())
     for t in (q, q, q):
         _poison_allocator(t)
+    if dq_reduce.startswith("ws"):  # "ws" or "ws:key=int,..." (BlockSparseBwd64Sm90Ws's configuration)
+        cfg = dq_reduce.partition(":")[2]
+        ws_config = {key: int(val) for key, val in (x.split("=") for x in cfg.split(",") if x)}
+        return A.sm90_block_sparse_bwd64(q, k, v, o, do, lse, kidx, knum, vbs, main="ws", ws_config=ws_config)
     reduce, _, extra = dq_reduce.partition("-")
     return A.sm90_block_sparse_bwd64(q, k, v, o, do, lse, kidx, knum, vbs, dq_reduce=reduce,
                                      stats_in_smem=extra == "smemstats")
@@ -55,32 +60,45 @@ def _vs_reference(dq_reduce="atomic", **case):
     return (dq, dk, dv), lse
 
 
-def test_matches_reference_full_tiles():
-    _vs_reference(ragged=False)
+# the warp-specialized kernel: its default (K/V in registers; q groups of 384 blocks from 768 blocks
+# on, so one group below 49,152 tokens), split into q groups of 3 blocks (uneven, several per list: fp32 dk/dv
+# accumulation), and with its other options on / K, V from shared memory
+WS_GROUPS = "ws:group_blocks=3,group_min_blocks=0"
+WS_ALL = "ws:p_stages=2,q_stages=2,dq_stages=2,group_blocks=2,group_min_blocks=0"
+WS_SMEM_KV = "ws:kv_regs=0"
+MAINS = ["atomic", "ws", WS_GROUPS, WS_ALL, WS_SMEM_KV]  # the single-warpgroup kernel (atomic dQ) and the WS one
 
 
-def test_batch_two_ragged_nan_padding():
-    _vs_reference(batch=2, ragged=True, seed=1)
+@pytest.mark.parametrize("main", MAINS)
+def test_matches_reference_full_tiles(main):
+    _vs_reference(dq_reduce=main, ragged=False)
 
 
+@pytest.mark.parametrize("main", MAINS)
+def test_batch_two_ragged_nan_padding(main):
+    _vs_reference(dq_reduce=main, batch=2, ragged=True, seed=1)
+
+
+@pytest.mark.parametrize("main", MAINS)
 @pytest.mark.parametrize("topk", [1, 2, 3, 5, 7])
-def test_topk_not_a_multiple_of_four(topk):
-    _vs_reference(topk=topk, ragged=True)
+def test_topk_not_a_multiple_of_four(topk, main):
+    _vs_reference(dq_reduce=main, topk=topk, ragged=True)
 
 
+@pytest.mark.parametrize("main", MAINS)
 @pytest.mark.parametrize("nb", [2, 4, 16])
-def test_sequence_lengths(nb):
-    _vs_reference(nb=nb, topk=min(3, nb), ragged=True)
+def test_sequence_lengths(nb, main):
+    _vs_reference(dq_reduce=main, nb=nb, topk=min(3, nb), ragged=True)
 
 
-@pytest.mark.parametrize("dq_reduce", ["atomic", "bulk", "bulk-smemstats"])
+@pytest.mark.parametrize("dq_reduce", ["atomic", "bulk", "bulk-smemstats", "ws", WS_GROUPS, WS_ALL])
 def test_bulk_dq_reduce_matches_reference(dq_reduce):
     """The main kernel's two dQ paths (fp32 atomics / the tile staged and bulk-reduced), B = 2,
     ragged NaN/Inf padding, top-k 5 (an odd list length: the staging slots alternate)."""
     _vs_reference(dq_reduce=dq_reduce, batch=2, topk=5, ragged=True, seed=3)
 
 
-@pytest.mark.parametrize("dq_reduce", ["atomic", "bulk", "bulk-smemstats"])
+@pytest.mark.parametrize("dq_reduce", ["atomic", "bulk", "bulk-smemstats", "ws", WS_GROUPS, WS_ALL])
 def test_zero_count_kv_blocks_and_empty_q_blocks(dq_reduce):
     (dq, dk, dv), lse = _vs_reference(dq_reduce=dq_reduce, excluded=(2, 5), empty_q=(1,), ragged=True)
     for j in (2, 5):
@@ -106,7 +124,7 @@ def test_bad_input_is_refused_before_launch():
         A.sm90_block_sparse_bwd64(q.half(), k, v, o, do, lse, kidx, knum, vbs)
 
 
-@pytest.mark.parametrize("dq_reduce", ["atomic", "bulk", "bulk-smemstats"])
+@pytest.mark.parametrize("dq_reduce", ["atomic", "bulk", "bulk-smemstats", "ws", WS_GROUPS, WS_ALL])
 def test_65536_tokens_vs_triton_and_run_to_run(dq_reduce):
     """1,024 kv blocks (the work order's regime), 12.5 % density, 4 heads: against the Triton
     backward; two runs: dk, dv bitwise, dq within the seed's summation-order bound."""

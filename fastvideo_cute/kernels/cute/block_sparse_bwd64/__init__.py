@@ -24,10 +24,12 @@ from __future__ import annotations
 from .limits import COMMON_CAPABILITIES, MAIN_CAPABILITIES, MAIN_COMPILE_ARCHS  # noqa: F401 (re-exported)
 
 __all__ = ["COMMON_ARCHS", "MAIN_COMPILE_ARCHS", "STAGES", "stage_class", "stage_kernel", "main_kernel_class",
-           "main_kernel", "SM90_REGISTRY_NAME", "sm90_main_kernel"]
+           "main_kernel", "SM90_REGISTRY_NAME", "sm90_main_kernel", "SM90_WS_REGISTRY_NAME", "sm90_ws_main_kernel"]
 
 #: the Hopper main kernel's registry name (targets sm_90a only)
 SM90_REGISTRY_NAME = "block_sparse_bwd64_sm90"
+#: the warp-specialized Hopper main kernel's registry name (sm_90a only)
+SM90_WS_REGISTRY_NAME = "block_sparse_bwd64_sm90_ws"
 
 # Archs the arch-independent stages (preprocess, postprocess) are compiled for.
 COMMON_ARCHS = tuple(COMMON_CAPABILITIES.values())
@@ -66,3 +68,11 @@ def sm90_main_kernel(dq_reduce: str = "bulk", stats_in_smem: bool = False):
     from .block_sparse_bwd64_sm90 import BlockSparseBwd64Sm90
 
     return BlockSparseBwd64Sm90(dq_reduce, stats_in_smem)
+
+
+def sm90_ws_main_kernel(**config):
+    """The warp-specialized wgmma main kernel object (sm_90a; imports the CuTe DSL):
+    ``block_sparse_bwd64_sm90_ws.BlockSparseBwd64Sm90Ws(**config)``."""
+    from .block_sparse_bwd64_sm90_ws import BlockSparseBwd64Sm90Ws
+
+    return BlockSparseBwd64Sm90Ws(**config)

@@ -1,0 +1,97 @@
+"""The chain around the warp-specialized Hopper main kernel of the 64-token VSA backward
+(``kernels/cute/block_sparse_bwd64/block_sparse_bwd64_sm90_ws.py``).
+
+The stages of :func:`fastvideo_cute.adapters.cute_sm100_bwd.run_bwd64_chain` (preprocess, work
+order, main, postprocess) with one addition, q groups: when a sequence has ``GROUP_MIN_BLOCKS``
+q blocks or more (and more than ``group_blocks``), every kv block's k2q list is split at multiples of ``group_blocks`` q
+blocks and each part gets its own CTA, ordered so that the CTAs resident together read Q/dO and
+reduce dQ within one head's q group (``group_blocks`` rows of 64 tokens: 384 keeps that group's
+Q, dO and dq_accum, 3 x 12 MB, inside the H200's 50 MB L2, where a whole head at 65,536 tokens,
+3 x 32 MB, is not). The parts' dK/dV are then added into fp32 accumulators (zeroed here) and
+converted to bf16 after the main kernel; with one group they are written once, in bf16, by the
+kernel. The split needs each list in ascending q order: the lists are sorted here (the valid
+entries; a caller's order does not matter). Inputs were checked by the caller's support predicate.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from fastvideo_cute.kernels.cute.block_sparse_bwd64.limits import HEAD_DIM
+
+from .cute_sm100_bwd import ORDER_POLICIES, sm100_bwd64_common_stages, sm100_bwd64_postprocess
+
+__all__ = ["GROUP_BLOCKS_DEFAULT", "GROUP_MIN_BLOCKS", "group_bounds", "run_ws_chain"]
+
+#: q blocks per group (cuDNN BSA's sm90 blk64 backward buckets its k2q lists by the same count)
+GROUP_BLOCKS_DEFAULT = 384
+#: sequences with fewer q blocks than this are not split (one group): measured on the H200
+#: (benchmarks/results/bwd64_sm90_h200_v7.json), groups of 384 cost 14 % at 32,768 tokens (512 blocks:
+#: one whole head's Q, dO and dq_accum, 3 x 16 MB, already stays in L2) and 7 % on the Wan-1.3B grid
+#: (624), and gain 8.6 % at 65,536 (1024)
+GROUP_MIN_BLOCKS = 768
+
+
+def group_bounds(k2q_idx: torch.Tensor, k2q_num: torch.Tensor, num_blocks: int, group_blocks: Optional[int],
+                 min_blocks: int = 0):
+    """``(idx, gb)``: the lists (int32 ``[items, max_q]``, valid entries ascending) and the group
+    bounds (int32 ``[items, groups + 1]``, group ``g`` of item ``i`` is ``idx[i, gb[i, g]:gb[i, g + 1]]``:
+    its q blocks in ``[g * group_blocks, (g + 1) * group_blocks)``). One group (``gb = [0, num]``, the
+    lists as given) when ``group_blocks`` is None or at least ``num_blocks``, or ``num_blocks`` is below
+    ``min_blocks``."""
+    items = k2q_num.numel()
+    idx = k2q_idx.to(torch.int32).reshape(items, k2q_idx.shape[-1]).contiguous()
+    num = k2q_num.to(torch.int32).reshape(items)
+    if group_blocks is None or group_blocks >= num_blocks or num_blocks < min_blocks or idx.shape[1] == 0:
+        return idx, torch.stack([torch.zeros_like(num), num], dim=1).contiguous()
+    if group_blocks < 1:
+        raise ValueError(f"group_blocks must be >= 1 or None, got {group_blocks}")
+    groups = -(-num_blocks // group_blocks)
+    used = torch.arange(idx.shape[1], device=idx.device) < num[:, None]
+    keyed = torch.where(used, idx, torch.full((), 2**31 - 1, dtype=torch.int32, device=idx.device))
+    ordered = torch.sort(keyed, dim=1).values.contiguous()
+    edges = (torch.arange(groups + 1, device=idx.device, dtype=torch.int32) * group_blocks).expand(items, -1).contiguous()
+    gb = torch.searchsorted(ordered, edges).to(torch.int32)
+    return ordered, torch.minimum(gb, num[:, None]).contiguous()
+
+
+def run_ws_chain(compiled, q, k, v, out, dout, lse, k2q_idx, k2q_num, kv_block_sizes, sm_scale: float,
+                 order_policy: str = "auto", group_blocks: Optional[int] = GROUP_BLOCKS_DEFAULT,
+                 group_min_blocks: int = GROUP_MIN_BLOCKS):
+    """The backward through the warp-specialized main kernel; returns ``(dq, dk, dv)``.
+    ``compiled(grouped)``: the main kernel compiled with ``grouped`` (fp32 dk/dv accumulators) or
+    without. ``order_policy``: with one group, the work order (``cute_sm100_bwd.ORDER_POLICIES``);
+    ``group_blocks`` / ``group_min_blocks``: the q groups (:func:`group_bounds`)."""
+    if order_policy not in ORDER_POLICIES:
+        raise ValueError(f"order_policy must be one of {ORDER_POLICIES}, got {order_policy!r}")
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    if q.numel() == 0:
+        return dq, dk, dv
+    batch, heads, _, _ = q.shape
+    nb = kv_block_sizes.numel()
+    items = batch * heads * nb
+    idx, gb = group_bounds(k2q_idx, k2q_num, nb, group_blocks, group_min_blocks)
+    grouped = gb.shape[1] > 2
+    common = sm100_bwd64_common_stages(out, dout, lse, k2q_num, kv_block_sizes, dk=dk, dv=dv)
+    order = common["order"] if order_policy == "auto" and not grouped else None
+    if order is None:
+        order = torch.arange(items, dtype=torch.int32, device=q.device)
+    num = k2q_num.to(torch.int32).reshape(items).contiguous()
+    vbs = kv_block_sizes.to(torch.int32).contiguous()
+    if grouped:
+        dk_out = torch.zeros(k.shape, dtype=torch.float32, device=k.device)
+        dv_out = torch.zeros(v.shape, dtype=torch.float32, device=v.device)
+    else:
+        dk_out, dv_out = dk, dv
+    with torch.cuda.device(q.device):
+        compiled(grouped)(q.view(-1, HEAD_DIM), k.view(-1, HEAD_DIM), v.view(-1, HEAD_DIM), dout.view(-1, HEAD_DIM),
+                          dk_out.view(-1, HEAD_DIM), dv_out.view(-1, HEAD_DIM), common["dq_accum"].view(-1, HEAD_DIM),
+                          common["lse2"].view(-1), common["delta"].view(-1), idx, num, vbs, order, gb,
+                          float(sm_scale))
+    if grouped:
+        dk.copy_(dk_out)
+        dv.copy_(dv_out)
+    sm100_bwd64_postprocess(common["dq_accum"], lse, sm_scale, dq=dq)
+    return dq, dk, dv

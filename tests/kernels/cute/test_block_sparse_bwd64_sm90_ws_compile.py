@@ -1,0 +1,68 @@
+"""CPU checks of the warp-specialized Hopper 64-token backward main kernel
+(``block_sparse_bwd64_sm90_ws``).
+
+Cross-compiles it for sm_90a (the shared session fixture) and checks the SASS holds the design:
+the five GEMMs as wgmma (S^T = K Q^T and dP^T = V dO^T as 64x64x16, 8 k-steps each, with K / V
+from registers after one ldmatrix load; dV += P^T dO, dK += dS^T Q and dQ = dS K as 64x128x16,
+4 k-steps each), TMA loads (K, V, Q, dO) and 256-byte bulk copies of lse2/delta, dS^T stored by
+stmatrix, the dQ tile added into dq_accum by a TMA tensor reduce (four 32-column boxes of the
+128-byte swizzled tile), register reallocation between the producer and the MMA warpgroups, no
+per-element atomics (the grouped build adds dK/dV by fp32 reductions), no spill. Correctness and
+speed are checked on the H200: tests/kernels/cute/test_block_sparse_bwd64_sm90_gpu.py,
+benchmarks/explore_bwd64_sm90.py.
+"""
+
+import re
+
+import pytest
+
+pytest.importorskip("cutlass")
+
+NAME = "block_sparse_bwd64_sm90_ws"
+
+
+def _shapes(report):
+    return re.findall(r"HGMMA\.(\d+x\d+x\d+)\.F32", report.sass)
+
+
+def test_compile_check_passes(kernel_report):
+    report = kernel_report(NAME, "sm_90a")
+    print(report.line)
+    assert report.ok and report.line.endswith(" OK"), report.line
+    # 384 threads, one CTA per SM: 168 at launch (65536 / 384), setmaxnreg moves them; no spill
+    # measured with nvidia-cutlass-dsl 4.8.1
+    assert report.regs <= 168 and report.spill == 0, report.line
+
+
+def test_sass_holds_the_warp_specialized_design(kernel_report):
+    report = kernel_report(NAME, "sm_90a")
+    shapes = _shapes(report)
+    assert shapes.count("64x64x16") == 8 + 8, shapes  # S^T (WG1), dP^T (WG2)
+    assert shapes.count("64x128x16") == 4 + 4 + 4, shapes  # dV (WG1); dQ, dK (WG2)
+    assert re.search(r"HGMMA\.64x64x16\.F32\.BF16 R\d+, R\d+, gdesc", report.sass), "S^T/dP^T with A from registers"
+    assert report.count("LDSM") >= 8  # K and V into registers
+    assert report.count("USETMAXREG") == 3  # producer down, WG1 and WG2 up
+    assert report.count("UTMALDG") >= 4 and report.count("UBLKCP") == 2  # tiles; lse2, delta
+    assert report.count("UTMAREDG") == 4  # the dQ tile: four 64 x 32 fp32 boxes
+    assert report.count("STSM") >= 4  # dS^T -> dS [q, kv]
+    assert report.count("REDG") == 0 and report.count("HMMA") == 0 and report.count("UTCHMMA") == 0
+
+
+def test_grouped_build_accumulates_dk_dv(kernel_report):
+    """``grouped=True``: the same MMAs; dK/dV added into fp32 accumulators, one reduction per element
+    of each warpgroup's 64 x 128 tile (64 per thread; none for the rows of padded keys)."""
+    report = kernel_report(NAME + "_grouped", "sm_90a")
+    print(report.line)
+    assert report.ok and report.spill == 0, report.line
+    assert report.count("HGMMA") == 28
+    assert report.count("REDG.E.ADD.F32") == 2 * 64
+
+
+@pytest.mark.parametrize("bad, match", [(dict(p_stages=3), "p_stages"), (dict(dq_stages=0), "dq_stages"),
+                                        (dict(q_stages=5), "q_stages"),
+                                        (dict(q_stages=4, p_stages=2, dq_stages=2), "shared memory")])
+def test_bad_configuration_is_refused(bad, match):
+    from fastvideo_cute.kernels.cute.block_sparse_bwd64 import sm90_ws_main_kernel
+
+    with pytest.raises(ValueError, match=match):
+        sm90_ws_main_kernel(**bad)
