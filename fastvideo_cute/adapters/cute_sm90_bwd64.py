@@ -1,9 +1,11 @@
 """Torch adapter for the Hopper VSA block-sparse backward, 64-token blocks (wgmma main kernel).
 
-The chain of :mod:`fastvideo_cute.adapters.cute_sm100_bwd` with the sm_90a main kernel
-(``kernels/cute/block_sparse_bwd64/block_sparse_bwd64_sm90.py``) in stage 3: preprocess (CuTe DSL,
-verified on the H200) -> work order (torch) -> main (wgmma + TMA, one CTA per kv block, dq
-staged dQ bulk-reduced in fp32) -> postprocess (CuTe DSL). Same contract as ``sm100_block_sparse_bwd64``:
+The chain of :mod:`fastvideo_cute.adapters.cute_sm100_bwd` with an sm_90a main kernel in stage 3:
+preprocess (CuTe DSL, verified on the H200) -> work order (torch) -> main -> postprocess (CuTe DSL).
+Two main kernels (``main``): "single" (``kernels/cute/block_sparse_bwd64/block_sparse_bwd64_sm90.py``:
+one warpgroup, one CTA per kv block, dQ staged and bulk-reduced in fp32, or atomics) and "ws"
+(``block_sparse_bwd64_sm90_ws.py``: warp-specialized, its chain with q groups in
+:mod:`fastvideo_cute.adapters.cute_sm90_bwd64_ws`). Same contract as ``sm100_block_sparse_bwd64``:
 q, k, v, out, dout ``[B, H, S, 128]`` bf16 contiguous with ``S = 64 * nb``, ``nb`` even; lse
 natural-log fp32 ``[B, H, S]``; k2q lists (``invert_indices`` layout); kv_block_sizes ``[nb]``
 (padded keys masked, their dk/dv rows exactly 0; NaN/Inf padding never leaks). dq is accumulated
@@ -11,8 +13,9 @@ in fp32 in no fixed order (bulk reductions or atomics), so it is not bitwise run
 are).
 
 Not routed: no backend calls it. Measured beside cuDNN BSA's blk64 backward on the same inputs
-(``benchmarks/explore_bwd64_sm90.py``, ``benchmarks/results/bwd64_sm90_h200_v2.json``): 0.61x at
-S=32768, 0.59x on the Wan-1.3B grid (cuDNN keeps the route).
+(``benchmarks/explore_bwd64_sm90.py``): "single" 0.61x at S=32768, 0.59x on the Wan-1.3B grid
+(``benchmarks/results/bwd64_sm90_h200_v8.json``); "ws" 1.02x at S=32768, 0.99x on the grid, 0.89x at
+S=65536 (same file): at parity, and behind at 64K, so cuDNN keeps the route.
 """
 
 from __future__ import annotations
