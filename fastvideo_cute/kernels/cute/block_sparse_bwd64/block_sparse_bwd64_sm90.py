@@ -51,6 +51,7 @@ from quack import layout_utils
 from fastvideo_cute.jit import CuteKernel
 
 from ..common.bulk import bulk_copy_g2s, bulk_reduce_add_f32
+from ..common.tma import tma_row_tiles
 from ..common.wgmma import wgmma_gemm
 from .block_sparse_bwd64_common import main_fake_args
 from .limits import BLOCK, HEAD_DIM
@@ -195,15 +196,10 @@ class BlockSparseBwd64Sm90(CuteKernel):
         stat_ptr = storage.sStat.data_ptr()
 
         # ---- TMA partitions (tiles of 64 rows of the [R, 128] row views)
-        unit = cute.make_layout(1)
-        gQ = cute.local_tile(mQ, (BLOCK, HEAD_DIM), (None, 0))
-        gdO = cute.local_tile(mdO, (BLOCK, HEAD_DIM), (None, 0))
-        gK = cute.local_tile(mK, (BLOCK, HEAD_DIM), (None, 0))
-        gV = cute.local_tile(mV, (BLOCK, HEAD_DIM), (None, 0))
-        tQsQ, tQgQ = cpasync.tma_partition(tma_atom_Q, 0, unit, cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2))
-        tOsO, tOgO = cpasync.tma_partition(tma_atom_dO, 0, unit, cute.group_modes(sdO, 0, 2), cute.group_modes(gdO, 0, 2))
-        tKsK, tKgK = cpasync.tma_partition(tma_atom_K, 0, unit, cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2))
-        tVsV, tVgV = cpasync.tma_partition(tma_atom_V, 0, unit, cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2))
+        tQsQ, tQgQ = tma_row_tiles(tma_atom_Q, mQ, sQ, (BLOCK, HEAD_DIM))
+        tOsO, tOgO = tma_row_tiles(tma_atom_dO, mdO, sdO, (BLOCK, HEAD_DIM))
+        tKsK, tKgK = tma_row_tiles(tma_atom_K, mK, sK, (BLOCK, HEAD_DIM))
+        tVsV, tVgV = tma_row_tiles(tma_atom_V, mV, sV, (BLOCK, HEAD_DIM))
 
         # ---- MMA fragments
         thr_s = mma_s.get_slice(tidx)

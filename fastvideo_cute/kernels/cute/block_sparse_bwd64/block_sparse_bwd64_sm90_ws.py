@@ -51,6 +51,7 @@ from quack import layout_utils
 from fastvideo_cute.jit import CuteKernel, fake_matrix
 
 from ..common.bulk import bulk_copy_g2s
+from ..common.tma import tma_row_tiles
 from ..common.wgmma import wgmma_gemm
 from .block_sparse_bwd64_common import main_fake_args
 from .limits import BLOCK, HEAD_DIM
@@ -250,15 +251,10 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
         sV = storage.sV.get_tensor(tile_layout.outer, swizzle=tile_layout.inner)
         sQ = storage.sQ.get_tensor(ring_layout.outer, swizzle=ring_layout.inner)
         sdO = storage.sdO.get_tensor(ring_layout.outer, swizzle=ring_layout.inner)
-        unit = cute.make_layout(1)
-        gQ = cute.local_tile(mQ, (BLOCK, HEAD_DIM), (None, 0))
-        gdO = cute.local_tile(mdO, (BLOCK, HEAD_DIM), (None, 0))
-        gK = cute.local_tile(mK, (BLOCK, HEAD_DIM), (None, 0))
-        gV = cute.local_tile(mV, (BLOCK, HEAD_DIM), (None, 0))
-        tQsQ, tQgQ = cpasync.tma_partition(tma_atom_Q, 0, unit, cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2))
-        tOsO, tOgO = cpasync.tma_partition(tma_atom_dO, 0, unit, cute.group_modes(sdO, 0, 2), cute.group_modes(gdO, 0, 2))
-        tKsK, tKgK = cpasync.tma_partition(tma_atom_K, 0, unit, cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2))
-        tVsV, tVgV = cpasync.tma_partition(tma_atom_V, 0, unit, cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2))
+        tQsQ, tQgQ = tma_row_tiles(tma_atom_Q, mQ, sQ, (BLOCK, HEAD_DIM))
+        tOsO, tOgO = tma_row_tiles(tma_atom_dO, mdO, sdO, (BLOCK, HEAD_DIM))
+        tKsK, tKgK = tma_row_tiles(tma_atom_K, mK, sK, (BLOCK, HEAD_DIM))
+        tVsV, tVgV = tma_row_tiles(tma_atom_V, mV, sV, (BLOCK, HEAD_DIM))
         lse_ptr = storage.sLse.data_ptr()
         delta_ptr = storage.sDelta.data_ptr()
 
@@ -286,9 +282,7 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
     @cute.jit
     def dq_store(self, tma_atom_dQ, mdQaccum, mIdx, dq_ring, storage, item, bh, nb, base, count):
         sdQ = storage.sdQ.get_tensor(dq_ring.outer, swizzle=dq_ring.inner)
-        gdQ = cute.local_tile(mdQaccum, (BLOCK, HEAD_DIM), (None, 0))
-        tDsD, tDgD = cpasync.tma_partition(tma_atom_dQ, 0, cute.make_layout(1), cute.group_modes(sdQ, 0, 2),
-                                           cute.group_modes(gdQ, 0, 2))
+        tDsD, tDgD = tma_row_tiles(tma_atom_dQ, mdQaccum, sdQ, (BLOCK, HEAD_DIM))
         for t in cutlass.range(count, unroll=1):
             rb = bh * nb + mIdx[item, base + t]
             d = t % self.dq_stages
