@@ -1,5 +1,6 @@
 """GPU tests of our Hopper 64-token VSA backward (``adapters/cute_sm90_bwd64``: the chain with the
-wgmma main kernel ``block_sparse_bwd64_sm90``), on a compute-capability 9.0 GPU (the H200).
+wgmma main kernels ``block_sparse_bwd64_sm90``, one warpgroup, and ``block_sparse_bwd64_sm90_ws``,
+warp-specialized, with its q groups), on a compute-capability 9.0 GPU (the H200).
 
 The cases and tolerances of the tcgen05 chain's tests (tests/kernels/cute/test_block_sparse_bwd64_gpu.py,
 whose helpers are reused: fp32 autograd reference, per tensor rel_max 1e-2 and mean |err| 1e-3):
