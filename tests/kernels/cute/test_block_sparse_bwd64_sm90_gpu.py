@@ -128,7 +128,11 @@ def test_bad_input_is_refused_before_launch():
 @pytest.mark.parametrize("dq_reduce", ["atomic", "bulk", "bulk-smemstats", "ws", WS_GROUPS, WS_ALL])
 def test_65536_tokens_vs_triton_and_run_to_run(dq_reduce):
     """1,024 kv blocks (the work order's regime), 12.5 % density, 4 heads: against the Triton
-    backward; two runs: dk, dv bitwise, dq within the seed's summation-order bound."""
+    backward; two runs: dk, dv bitwise, dq within the seed's summation-order bound. The
+    warp-specialized kernel splits these lists into q groups (1,024 blocks >= GROUP_MIN_BLOCKS), so
+    each dk/dv element is a sum of fp32 partials in no fixed order: the two runs' bf16 values may
+    then differ by one bf16 ulp (2^-7 relative at most), plus the fp32 summation noise of elements
+    that cancel to near zero (1e-5 of the tensor's scale)."""
     from fastvideo_cute.kernels.triton.block_sparse_bwd import block_sparse_attn_bwd
 
     nb, topk, heads = 1024, 128, 4
@@ -142,5 +146,11 @@ def test_65536_tokens_vs_triton_and_run_to_run(dq_reduce):
     again = _run(q, k, v, o, do, lse, idx, num, vbs, dq_reduce)
     for name, g, r in zip(("dq", "dk", "dv"), got, (tdq, tdk, tdv)):
         check_close(f"{name} vs Triton", g, r, rel=2e-2, mean=2e-3)
-    assert torch.equal(got[1], again[1]) and torch.equal(got[2], again[2]), "dk/dv run to run"
+    if dq_reduce.startswith("ws"):
+        for name, g, r in (("dk", got[1], again[1]), ("dv", got[2], again[2])):
+            g, r = g.float(), r.float()
+            bound = 2**-7 * r.abs() + 1e-5 * r.abs().max()
+            assert ((g - r).abs() <= bound).all(), f"{name} run to run: {(g - r).abs().max().item()}"
+    else:
+        assert torch.equal(got[1], again[1]) and torch.equal(got[2], again[2]), "dk/dv run to run"
     check_close("dq run to run", again[0], got[0], rel=2e-2, mean=1e-4)

@@ -2,34 +2,40 @@
 """VSA block-sparse attention backward, 64-token blocks: the warp-specialized Hopper main kernel
 (wgmma + TMA, sm_90a).
 
-The same stage, contract, arguments and spec as ``block_sparse_bwd64_sm90`` (one CTA per kv work
-item ``(b*H + h) * nb + kv``, through the work order; its k2q list walked one 64-row q block per
-step), with the step's work split over three warpgroups that run concurrently (384 threads, one
-CTA per SM, ``setmaxnreg``):
+The same stage, contract and spec as ``block_sparse_bwd64_sm90`` (kv work items ``(b*H + h) * nb +
+kv``, each item's k2q list walked one 64-row q block per step), with the step's work split over
+three warpgroups that run concurrently (384 threads, one CTA per SM, ``setmaxnreg`` 24 / 224 / 256):
 
     WG0  warp 0  producer: K, V once; per step Q + lse2 (Q ring) and dO + delta (dO ring) by TMA /
-                 bulk copies, ``q_stages`` deep
+                 256-byte bulk copies, ``q_stages`` deep
          warp 1  dQ store: each step's 64 x 128 fp32 dQ tile, staged in shared memory by WG2
                  (128-byte swizzle), added into dq_accum by one TMA tensor reduce-add
-                 (``cp.reduce.async.bulk.tensor``)
-    WG1          S^T = K Q^T (SS), P^T = exp2(S^T * scale_log2 - lse2) with padded keys 0 (select),
-                 P^T (fp32) handed to WG2 through shared memory (thread-private order), dV += P^T dO (RS)
-    WG2          dP^T = V dO^T (SS), dS^T = P^T * (dP^T - delta) with padded keys 0 (select),
-                 dS written transposed to shared memory, dQ = dS K (SS), dK += dS^T Q (RS), dQ
-                 staged for the store warp
+                 (``cp.reduce.async.bulk.tensor``, four 64 x 32 boxes)
+    WG1          S^T = K Q^T (RS: K in registers with ``kv_regs``, else SS), P^T = exp2(S^T *
+                 scale_log2 - lse2) with padded keys 0 (select), P^T (fp32) handed to WG2 through
+                 shared memory (thread-private order), dV += P^T dO (RS)
+    WG2          dP^T = V dO^T (RS with V in registers / SS), dS^T = P^T * (dP^T - delta) with padded
+                 keys 0 (select), dS written transposed by stmatrix, dQ = dS K (SS), dK += dS^T Q (RS),
+                 dQ staged for the store warp while dK runs
 
 Hand-offs (named barriers; each is arrived by one side and waited by the other, equal counts):
 ``P_READY`` WG1 -> WG2 (P^T of the step is in ``sP``), ``P_FREE`` WG2 -> WG1 (``sP`` read; not
-signalled after the last step), ``DQ_FULL`` WG2 -> store warp, ``DQ_FREE`` store warp -> WG2 (the
-previous tile's reductions have read the staging buffer). The Q and dO ring slots are released by
-both consumer warpgroups (8 warp arrivals per slot).
+signalled for the last ``p_stages`` steps), ``DQ_FULL`` WG2 -> store warp, ``DQ_FREE`` store warp ->
+WG2 (the reduce of the tile that used the buffer has read it). The Q and dO ring slots are released
+by both consumer warpgroups (8 warp arrivals per slot).
+
+Work: one CTA per (item, q group) of the ``gb`` bounds (``BlockSparseBwd64Sm90Ws.__call__``); with
+``grouped`` the CTAs of one kv block add their dK/dV into fp32 accumulators, else each writes its kv
+block's bf16 rows once.
 
 Numerics are the single-warpgroup kernel's, operation for operation (the same MMAs on the same
-operands, the same selects), so its GPU tests hold this kernel too: K's padded rows are zeroed in
-shared memory once by WG2 (dQ = dS K would give 0 * NaN; WG1's S^T rows of padded keys are
-discarded by the select whatever they read), dk/dv rows of padded keys are written as exact zeros,
-dq is reduce-added in no fixed order (dk, dv bitwise run to run). Shapes and launch limits:
-``limits.py``; tensors as in ``block_sparse_bwd64_sm100`` (2-D row views).
+operands, the same selects; P^T crosses warpgroups in fp32), so its GPU tests hold this kernel too:
+K's padded rows are zeroed in shared memory once by WG2 (dQ = dS K would give 0 * NaN; the S^T and
+dP^T rows of padded keys are discarded by the selects whatever they read), dk/dv rows of padded
+keys are exactly 0, dq is reduce-added in no fixed order (dk, dv bitwise run to run without q
+groups; with them their fp32 sums have no fixed order either). Shapes and launch limits:
+``limits.py``; tensors as in ``block_sparse_bwd64_sm100`` (2-D row views). Measured against cuDNN
+BSA's blk64 backward: ``docs/hopper-64-token.md``.
 """
 
 from __future__ import annotations
