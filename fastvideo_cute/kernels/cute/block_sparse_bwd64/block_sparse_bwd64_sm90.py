@@ -54,6 +54,7 @@ from ..common.bulk import bulk_copy_g2s, bulk_reduce_add_f32
 from ..common.tma import tma_row_tiles
 from ..common.wgmma import wgmma_gemm
 from .block_sparse_bwd64_common import main_fake_args
+from .pointwise import dscores_t, probs_t
 from .limits import BLOCK, HEAD_DIM
 
 __all__ = ["BlockSparseBwd64Sm90", "THREADS", "CTAS_PER_SM", "smem_bytes"]
@@ -230,7 +231,6 @@ class BlockSparseBwd64Sm90(CuteKernel):
         rP = cute.make_rmem_tensor_like(tP_view, bf)
         rdS = cute.make_rmem_tensor_like(tdS_view, bf)
         tSsdSt = thr_s.partition_C(sdSt)  # this thread's dS^T elements in the dS buffer
-        num_rows = cute.size(acc_S_mn, mode=[0])
         num_cols = cute.size(acc_S_mn, mode=[1])
         lse2 = cute.make_rmem_tensor((num_cols,), Float32)
         delta = cute.make_rmem_tensor((num_cols,), Float32)
@@ -277,18 +277,10 @@ class BlockSparseBwd64Sm90(CuteKernel):
             self.gemm(mma_s, acc_S, tSrK, tSrQ[None, None, None, s], zero_init=True)
             self.gemm(mma_s, acc_dP, tPrV, tPrdO[None, None, None, s], zero_init=True)
             warpgroup.wait_group(1)
-            for r in cutlass.range_constexpr(num_rows):
-                valid = tScS_mn[r, 0][0] < size
-                for c in cutlass.range_constexpr(num_cols):
-                    p = cute.math.exp2(acc_S_mn[r, c] * scale_log2 - lse2[c], fastmath=True)
-                    acc_S_mn[r, c] = p if valid else Float32(0.0)
+            probs_t(acc_S_mn, tScS_mn, lse2, scale_log2, size)
             rP.store(tP_view.load().to(bf))
             warpgroup.wait_group(0)
-            for r in cutlass.range_constexpr(num_rows):
-                valid = tScS_mn[r, 0][0] < size
-                for c in cutlass.range_constexpr(num_cols):
-                    ds = acc_S_mn[r, c] * (acc_dP_mn[r, c] - delta[c])
-                    acc_dP_mn[r, c] = ds if valid else Float32(0.0)
+            dscores_t(acc_S_mn, acc_dP_mn, tScS_mn, delta, size)
             rdS.store(tdS_view.load().to(bf))
             # dV += P^T dO, dK += dS^T Q (A from registers); dS^T to shared memory meanwhile
             self.gemm(mma_kv, acc_dV, rP, tVrdOt[None, None, None, s], zero_init=False)

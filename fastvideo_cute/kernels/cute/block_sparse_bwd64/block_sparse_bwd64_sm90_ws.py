@@ -60,6 +60,7 @@ from ..common.bulk import bulk_copy_g2s
 from ..common.tma import tma_row_tiles
 from ..common.wgmma import wgmma_gemm
 from .block_sparse_bwd64_common import main_fake_args
+from .pointwise import dscores_t, probs_t
 from .limits import BLOCK, HEAD_DIM
 
 __all__ = ["BlockSparseBwd64Sm90Ws", "THREADS", "smem_bytes"]
@@ -325,7 +326,6 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
         tScS_mn = layout_utils.reshape_acc_to_mn(thr_s.partition_C(cute.make_identity_tensor((BLOCK, BLOCK))))
         tP_view = layout_utils.reshape_acc_to_frgA(acc_S)
         rP = cute.make_rmem_tensor_like(tP_view, bf)
-        num_rows = cute.size(acc_S_mn, mode=[0])
         num_cols = cute.size(acc_S_mn, mode=[1])
         lse2 = cute.make_rmem_tensor((num_cols,), Float32)
         if const_expr(self.dq_wg1):  # dQ = dS K here: dS from WG2 through sdS
@@ -349,11 +349,7 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
                 lse2[c] = sLse[tScS_mn[0, c][1], s]
             warpgroup.wait_group(0)
             pipe_q.consumer_release(state)
-            for r in cutlass.range_constexpr(num_rows):
-                valid = tScS_mn[r, 0][0] < size
-                for c in cutlass.range_constexpr(num_cols):
-                    p = cute.math.exp2(acc_S_mn[r, c] * scale_log2 - lse2[c], fastmath=True)
-                    acc_S_mn[r, c] = p if valid else Float32(0.0)
+            probs_t(acc_S_mn, tScS_mn, lse2, scale_log2, size)
             rP.store(tP_view.load().to(bf))
             ps = t % self.p_stages
             if t >= self.p_stages:  # WG2 has read step t - p_stages' P^T from this buffer
@@ -419,7 +415,6 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
         if const_expr(not self.dq_wg1):
             acc_dQ = cute.make_rmem_tensor(thr_dq.partition_shape_C((BLOCK, HEAD_DIM)), Float32)
             tQsdQ = thr_dq.partition_C(sdQ)  # (..., dq stage)
-        num_rows = cute.size(acc_dP_mn, mode=[0])
         num_cols = cute.size(acc_dP_mn, mode=[1])
         delta = cute.make_rmem_tensor((num_cols,), Float32)
 
@@ -447,11 +442,7 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
                 cute.arch.barrier_arrive(barrier_id=P_FREE + ps, number_of_threads=2 * WG)
             warpgroup.wait_group(0)
             pipe_do.consumer_release(state)
-            for r in cutlass.range_constexpr(num_rows):
-                valid = tScS_mn[r, 0][0] < size
-                for c in cutlass.range_constexpr(num_cols):
-                    ds = rP_mn[r, c] * (acc_dP_mn[r, c] - delta[c])
-                    acc_dP_mn[r, c] = ds if valid else Float32(0.0)
+            dscores_t(rP_mn, acc_dP_mn, tScS_mn, delta, size)
             rdS.store(tdS_view.load().to(bf))
             if const_expr(self.dq_wg1):
                 if t > 0:  # WG1's dQ of the previous step has read sdS
