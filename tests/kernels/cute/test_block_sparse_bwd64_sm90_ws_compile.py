@@ -58,29 +58,6 @@ def test_grouped_build_accumulates_dk_dv(kernel_report):
     assert report.count("REDG.E.ADD.F32") == 2 * 64
 
 
-def test_dq_in_wg1_build_moves_dq_and_swaps_registers():
-    """``dq_wg1=True`` (compile-verified, not yet run on a GPU): the same 28 wgmma, dS handed from
-    WG2 to WG1 by two more named barriers (ids 10 and 11, each synced on one side and arrived on
-    the other), WG1 raised to 256 registers and WG2 to 224, no spill."""
-    from functools import partial
-
-    from fastvideo_cute.compile_check import build_report
-    from fastvideo_cute.kernels.cute import CuteKernelSpec
-    from fastvideo_cute.kernels.cute.block_sparse_bwd64 import sm90_ws_main_kernel
-
-    spec = CuteKernelSpec(name=NAME + "_dq_wg1", archs=("sm_90a",), make=partial(sm90_ws_main_kernel, dq_wg1=True),
-                          expect=("HGMMA", "UTMAREDG", "USETMAXREG"))
-    report = build_report(spec, "sm_90a")
-    print(report.line)
-    assert report.ok and report.spill == 0, report.line
-    assert report.count("HGMMA") == 28 and report.count("REDG") == 0
-    for bar in ("0xa", "0xb"):
-        assert re.search(rf"BAR\.SYNC\.DEFER_BLOCKING {bar}\b", report.sass), bar
-        assert re.search(rf"BAR\.ARV {bar}\b", report.sass), bar
-    grants = re.findall(r"USETMAXREG\.TRY_ALLOC\.CTAPOOL UP\d, (0x[0-9a-f]+)", report.sass)
-    assert grants == ["0x100", "0xe0"], grants  # WG1 256, WG2 224 (program order)
-
-
 @pytest.mark.parametrize("bad, match", [(dict(p_stages=3), "p_stages"), (dict(dq_stages=0), "dq_stages"),
                                         (dict(q_stages=5), "q_stages"),
                                         (dict(q_stages=4, p_stages=2, dq_stages=2), "shared memory")])

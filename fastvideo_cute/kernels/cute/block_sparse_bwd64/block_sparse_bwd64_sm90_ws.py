@@ -75,7 +75,7 @@ REGS_PRODUCER = 24
 REGS_WG1 = 224
 REGS_WG2 = 256
 # named barrier ids (0 is the CTA-wide barrier); P_READY/P_FREE/DQ_FULL/DQ_FREE + stage
-P_READY, P_FREE, DQ_FULL, DQ_FREE, WG2_SYNC, DS_READY, DS_FREE = 1, 3, 5, 7, 9, 10, 11
+P_READY, P_FREE, DQ_FULL, DQ_FREE, WG2_SYNC = 1, 3, 5, 7, 9
 MAX_STAGES = 2  # of the P and dQ buffers (two barrier ids each)
 SMEM_LIMIT = 227 * 1024  # per CTA on sm_90
 
@@ -101,16 +101,13 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
     name = "block_sparse_bwd64_sm90_ws"
 
     def __init__(self, q_stages: int = 3, p_stages: int = 1, dq_stages: int = 1, kv_regs: bool = True,
-                 grouped: bool = False, dq_wg1: bool = False):
+                 grouped: bool = False):
         """``q_stages``: depth of the Q and dO rings; ``p_stages`` / ``dq_stages``: buffers of the
         P^T hand-off and of the dQ staging tile (1 or 2: with 2 the producing side runs a step
         ahead); ``kv_regs``: WG1 holds K and WG2 holds V in registers (S^T and dP^T as RS wgmma,
         loaded once by ldmatrix), halving those MMAs' shared-memory reads; ``grouped``: dk/dv are fp32 accumulators that
         each CTA adds its kv block's dK (times sm_scale) / dV into (the caller splits a kv block's k2q
-        list over several CTAs by q group, ``mGB``, and converts), instead of bf16 rows written once;
-        ``dq_wg1``: dQ = dS K and its staging move from WG2 to WG1 (dS handed over through ``sdS``:
-        ``DS_READY`` / ``DS_FREE``; the register budgets swap), so WG2's serial chain per step is
-        dP^T, dS, dK only (compile-verified, not yet run on a GPU)."""
+        list over several CTAs by q group, ``mGB``, and converts), instead of bf16 rows written once."""
         for name, v in (("p_stages", p_stages), ("dq_stages", dq_stages)):
             if v not in (1, MAX_STAGES):
                 raise ValueError(f"{name} must be 1 or {MAX_STAGES}, got {v}")
@@ -122,11 +119,11 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
                              f"shared memory, more than the {SMEM_LIMIT} B a CTA has on sm_90")
         self.dtype = cutlass.BFloat16
         self.q_stages, self.p_stages, self.dq_stages = int(q_stages), int(p_stages), int(dq_stages)
-        self.kv_regs, self.grouped, self.dq_wg1 = bool(kv_regs), bool(grouped), bool(dq_wg1)
+        self.kv_regs, self.grouped = bool(kv_regs), bool(grouped)
 
     def config(self):
         return {"q_stages": self.q_stages, "p_stages": self.p_stages, "dq_stages": self.dq_stages,
-                "kv_regs": self.kv_regs, "grouped": self.grouped, "dq_wg1": self.dq_wg1}
+                "kv_regs": self.kv_regs, "grouped": self.grouped}
 
     # ------------------------------------------------------------------ host side
     @cute.jit
@@ -244,12 +241,12 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
                                   base, count, tile_bytes)
                 if warp_idx == 1:
                     self.dq_store(tma_atom_dQ, mdQaccum, mIdx, dq_ring, storage, item, bh, nb, base, count)
-            if wg == 1:  # with dq_wg1 the two MMA warpgroups' register budgets swap (dQ's accumulator moves)
-                cute.arch.setmaxregister_increase(REGS_WG2 if const_expr(self.dq_wg1) else REGS_WG1)
-                self.wg_s_dv(mdV, mma_s, mma_kv, mma_dq, tile_layout, ring_layout, ds_layout, dq_ring, storage,
-                             bar_kv, pipe_q, pipe_do, scale_log2, tidx - WG, kv, bh, nb, count, size)
+            if wg == 1:
+                cute.arch.setmaxregister_increase(REGS_WG1)
+                self.wg_s_dv(mdV, mma_s, mma_kv, tile_layout, ring_layout, storage, bar_kv, pipe_q, pipe_do,
+                             scale_log2, tidx - WG, kv, bh, nb, count, size)
             if wg == 2:
-                cute.arch.setmaxregister_increase(REGS_WG1 if const_expr(self.dq_wg1) else REGS_WG2)
+                cute.arch.setmaxregister_increase(REGS_WG2)
                 self.wg_dp_dq_dk(mdK, mma_s, mma_kv, mma_dq, tile_layout, ring_layout, ds_layout, dq_ring, storage, bar_kv,
                                  pipe_q, pipe_do, sm_scale, tidx - 2 * WG, kv, bh, nb, count, size)
 
@@ -306,8 +303,8 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
 
     # ---- WG1: S, P, dV
     @cute.jit
-    def wg_s_dv(self, mdV, mma_s, mma_kv, mma_dq, tile_layout, ring_layout, ds_layout, dq_ring, storage, bar_kv,
-                pipe_q, pipe_do, scale_log2, wtid, kv, bh, nb, count, size):
+    def wg_s_dv(self, mdV, mma_s, mma_kv, tile_layout, ring_layout, storage, bar_kv, pipe_q, pipe_do, scale_log2,
+                wtid, kv, bh, nb, count, size):
         bf = self.dtype
         sK = storage.sK.get_tensor(tile_layout.outer, swizzle=tile_layout.inner)
         sQ = storage.sQ.get_tensor(ring_layout.outer, swizzle=ring_layout.inner)
@@ -328,14 +325,6 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
         rP = cute.make_rmem_tensor_like(tP_view, bf)
         num_cols = cute.size(acc_S_mn, mode=[1])
         lse2 = cute.make_rmem_tensor((num_cols,), Float32)
-        if const_expr(self.dq_wg1):  # dQ = dS K here: dS from WG2 through sdS
-            sdS = storage.sdS.get_tensor(ds_layout.outer, swizzle=ds_layout.inner)
-            sdQ = storage.sdQ.get_tensor(dq_ring.outer, swizzle=dq_ring.inner)
-            thr_dq = mma_dq.get_slice(wtid)
-            tQrdS = thr_dq.make_fragment_A(thr_dq.partition_A(sdS))
-            tQrKt = thr_dq.make_fragment_B(thr_dq.partition_B(layout_utils.transpose_view(sK)))
-            acc_dQ = cute.make_rmem_tensor(thr_dq.partition_shape_C((BLOCK, HEAD_DIM)), Float32)
-            tQsdQ = thr_dq.partition_C(sdQ)
 
         bar_kv.wait(0, 0)
         if const_expr(self.kv_regs):
@@ -358,22 +347,8 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
             cute.arch.barrier_arrive(barrier_id=P_READY + ps, number_of_threads=2 * WG)
             pipe_do.consumer_wait(state)
             wgmma_gemm(mma_kv, acc_dV, rP, tVrdOt[None, None, None, s], False)
-            if const_expr(self.dq_wg1):
-                d = t % self.dq_stages
-                # dS of the step in sdS (and K's padded rows zeroed: WG2 did it before its first arrival)
-                cute.arch.barrier(barrier_id=DS_READY, number_of_threads=2 * WG)
-                wgmma_gemm(mma_dq, acc_dQ, tQrdS, tQrKt, True)
-                warpgroup.wait_group(0)  # dV and dQ done
-                pipe_do.consumer_release(state)
-                if t + 1 < count:  # sdS read: WG2 may write the next step's dS
-                    cute.arch.barrier_arrive(barrier_id=DS_FREE, number_of_threads=2 * WG)
-                cute.arch.barrier(barrier_id=DQ_FREE + d, number_of_threads=WG + 32)
-                cute.autovec_copy(acc_dQ, tQsdQ[None, None, None, d])
-                cute.arch.fence_proxy("async.shared", space="cta")
-                cute.arch.barrier_arrive(barrier_id=DQ_FULL + d, number_of_threads=WG + 32)
-            else:
-                warpgroup.wait_group(0)
-                pipe_do.consumer_release(state)
+            warpgroup.wait_group(0)
+            pipe_do.consumer_release(state)
             state.advance()
         self.store_rows(acc_dV, thr_kv, mdV, (bh * nb + kv) * BLOCK, size, Float32(1.0))
 
@@ -412,9 +387,8 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
         # dS^T (accumulator order) -> dS [q, kv] by stmatrix (transposing)
         copy_dS, _, _ = quack_copy.get_smem_store_C(mma_s, sdSt, wtid, transpose=True, position_independent=True,
                                                      major_mode_size=BLOCK)
-        if const_expr(not self.dq_wg1):
-            acc_dQ = cute.make_rmem_tensor(thr_dq.partition_shape_C((BLOCK, HEAD_DIM)), Float32)
-            tQsdQ = thr_dq.partition_C(sdQ)  # (..., dq stage)
+        acc_dQ = cute.make_rmem_tensor(thr_dq.partition_shape_C((BLOCK, HEAD_DIM)), Float32)
+        tQsdQ = thr_dq.partition_C(sdQ)  # (..., dq stage)
         num_cols = cute.size(acc_dP_mn, mode=[1])
         delta = cute.make_rmem_tensor((num_cols,), Float32)
 
@@ -444,23 +418,16 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
             pipe_do.consumer_release(state)
             dscores_t(rP_mn, acc_dP_mn, tScS_mn, delta, size)
             rdS.store(tdS_view.load().to(bf))
-            if const_expr(self.dq_wg1):
-                if t > 0:  # WG1's dQ of the previous step has read sdS
-                    cute.arch.barrier(barrier_id=DS_FREE, number_of_threads=2 * WG)
             copy_dS(rdS)
             cute.arch.fence_proxy("async.shared", space="cta")
-            if const_expr(self.dq_wg1):
-                cute.arch.barrier_arrive(barrier_id=DS_READY, number_of_threads=2 * WG)
-                wgmma_gemm(mma_kv, acc_dK, rdS, tKrQt[None, None, None, s], False)
-            else:
-                cute.arch.barrier(barrier_id=WG2_SYNC, number_of_threads=WG)
-                wgmma_gemm(mma_dq, acc_dQ, tQrdS, tQrKt, True)
-                wgmma_gemm(mma_kv, acc_dK, rdS, tKrQt[None, None, None, s], False)
-                warpgroup.wait_group(1)  # dQ done (dK may still run)
-                cute.arch.barrier(barrier_id=DQ_FREE + d, number_of_threads=WG + 32)
-                cute.autovec_copy(acc_dQ, tQsdQ[None, None, None, d])
-                cute.arch.fence_proxy("async.shared", space="cta")
-                cute.arch.barrier_arrive(barrier_id=DQ_FULL + d, number_of_threads=WG + 32)
+            cute.arch.barrier(barrier_id=WG2_SYNC, number_of_threads=WG)
+            wgmma_gemm(mma_dq, acc_dQ, tQrdS, tQrKt, True)
+            wgmma_gemm(mma_kv, acc_dK, rdS, tKrQt[None, None, None, s], False)
+            warpgroup.wait_group(1)  # dQ done (dK may still run)
+            cute.arch.barrier(barrier_id=DQ_FREE + d, number_of_threads=WG + 32)
+            cute.autovec_copy(acc_dQ, tQsdQ[None, None, None, d])
+            cute.arch.fence_proxy("async.shared", space="cta")
+            cute.arch.barrier_arrive(barrier_id=DQ_FULL + d, number_of_threads=WG + 32)
             warpgroup.wait_group(0)
             pipe_q.consumer_release(state)
             state.advance()
