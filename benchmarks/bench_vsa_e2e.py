@@ -52,6 +52,12 @@ def parse_args(argv=None):
     p.add_argument("--profile", action="store_true", help="glue share of ours from torch.profiler")
     p.add_argument("--warmup", type=int, default=25)
     p.add_argument("--rep", type=int, default=100)
+    p.add_argument("--compress-config", default=None,
+                   help="JSON config of the block-means kernel (vsa_ops._COMPRESS_CONFIG, e.g. "
+                        "'{\"mode\": \"split\", \"num_warps\": 1}'; default: the library's), recorded in the JSON config")
+    p.add_argument("--coarse-overlap", default=None, choices=["on", "off"],
+                   help="the two-phase coarse forward's phase 2 on a second stream beside the top-k "
+                        "(vsa_ops._COARSE_OVERLAP; default: the library's), recorded in the JSON config")
     p.add_argument("--coarse-variant", default=None, choices=["onepass", "twophase"],
                    help="the coarse-attention forward video_sparse_attn runs (vsa_ops._COARSE_VARIANT; "
                         "default: the library's), recorded in the JSON config")
@@ -288,6 +294,12 @@ def main(argv=None):
     if args.coarse_variant is not None:
         vsa_ops._COARSE_VARIANT = args.coarse_variant
     args.coarse_variant = vsa_ops._COARSE_VARIANT
+    if args.compress_config is not None:
+        vsa_ops._COMPRESS_CONFIG = json.loads(args.compress_config)
+    args.compress_config = dict(vsa_ops._COMPRESS_CONFIG)
+    if args.coarse_overlap is not None:
+        vsa_ops._COARSE_OVERLAP = args.coarse_overlap == "on"
+    args.coarse_overlap = "on" if vsa_ops._COARSE_OVERLAP else "off"
 
     from fastvideo_cute.warmup_presets import PRESETS
 

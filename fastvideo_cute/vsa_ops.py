@@ -10,7 +10,7 @@ tensors (and on CPU tensors under ``TRITON_INTERPRET=1``), and a pure-torch path
 Dataflow (``docs/vsa-glue.md``)::
 
     q, k, v --vsa_compress--> qc, kc, vc (fp32 [B,H,n,D])              1 launch  (bwd: 1)
-    qc, kc, vc --vsa_select--> out_c [B,H,Qb,D], q2k_idx, q2k_num       2 launches (bwd: 1)
+    qc, kc, vc --vsa_select--> out_c [B,H,Qb,D], q2k_idx, q2k_num       3 launches (bwd: 2)
     out_s, out_c, gate --vsa_gate--> out                                1 launch  (bwd: 1)
 
 Public functions (inputs already validated by the caller's API layer where noted):
@@ -57,20 +57,28 @@ _HAS_TRITON: Optional[bool] = None
 # "ieee" on the H200 (benchmarks/results/vsa_e2e_h200_tf32x3.json vs vsa_e2e_h200.json); the
 # interpreter (CPU tensors) runs "ieee".
 _COARSE_PRECISION = "tf32x3"
-# Glue kernel variants measured on the H200 (benchmarks/bench_glue.py, results in
-# benchmarks/results/glue_h200.json: Wan-1.3B 480p at 87.5 / 90 % and Wan-14B 720p, 64-token tiles):
-# top-k "rows1w1x" (one row per one-warp program, early exit) 34 vs 81 us, the same lists bit for
-# bit; compress "split", 2 warps: 93 vs 135 us (one program per tensor; a different but fixed fp32
-# summation order, so block means may differ from the old kernel's in the last bits); gate 8 warps:
-# 92 vs 99 us, the same bits. Coarse forward: no variant beat the default tiles.
+# Glue kernel variants measured on the H200 (benchmarks/bench_glue.py). The first sweeps
+# (glue_h200.json, glue_h200_v2.json) timed each call with CUDA events around it, which counts the
+# host's launch time whenever the GPU waits for it; since glue_h200_v5.json (--timer kernels) a
+# variant is timed by its kernels' GPU time from torch.profiler, what a call inside a busy stream
+# costs, and that changed two choices. Wan-1.3B 480p (624 kv blocks) / Wan-14B 720p (1180), 64-token
+# tiles, 87.5 %, kernel time:
+# - top-k "bisectw1" (vsa_topk_radix: one row per one-warp program, bisection from the row's
+#   min/max with value-space midpoints first) 24.6 / 388 us against "rows1w1x" 30.4 / 524 us and
+#   "bisectw2" 32.2 / 434 us; the same lists bit for bit (every variant is checked against the
+#   one-row search kernel). HunyuanVideo 720p (2160 columns) keeps "bisectw2" from glue_h200_v2.json
+#   (587 vs 1089 us for rows1w1x; bisectw1 was not measured there).
+# - compress "split" with 1 warp: 75.6 / 556 us against 2 warps 85.6 / 610 us (the former choice)
+#   and 4 warps ("split", the same bits as the original kernel) 125 / 978 us. Another fixed fp32
+#   summation order per block than the 2-warp kernel's, so block means may differ in the last bits;
+#   deterministic. With the evict-first hint on its loads (q, k, v are read once here; the same
+#   bits): 69.6 vs 74.8 us at Wan-1.3B, 558 vs 549 us at Wan-14B (glue_h200_v6.json), kept for
+#   the 1.3B case, whose forward is at issue 14's 1.3x line.
+# Gate 8 warps: 92 vs 99 us (glue_h200.json), the same bits.
 _TOPK_VARIANT = "rows1w1x"
-# Wider rows take vsa_topk_radix's "bisect" kernel (search from the row's min/max, value-space
-# midpoints first), the same lists bit for bit; measured on the H200 (glue_h200_v2.json, 64-token
-# tiles, 87.5 %): Wan-1.3B (624 columns) rows1w1x 34.9 vs bisectw1 43.1 us; Wan-14B 720p (1180)
-# bisectw1 387 vs rows1w1x 522 us; HunyuanVideo 720p (2160) bisectw2 587 vs rows1w1x 1089 us.
 # (kv blocks above which the variant applies, variant), widest first; up to _TOPK_WIDE_MAX (64
 # keys per lane with two warps: the register budget the rows kernel keeps too), else _TOPK_VARIANT.
-_TOPK_WIDE = ((1536, "bisectw2"), (1024, "bisectw1"))
+_TOPK_WIDE = ((1536, "bisectw2"), (0, "bisectw1"))
 _TOPK_WIDE_MAX = 4096
 
 
@@ -82,12 +90,15 @@ def _topk_variant(kvb: int) -> str:
                 return variant
     return _TOPK_VARIANT
 # Coarse forward implementation ("onepass" | "twophase", vsa_select.COARSE_VARIANTS): "twophase"
-# (kernels/triton/vsa_coarse_fwd2.py) is a fully parallel scores launch plus a combine launch, for
-# the latency-bound one-pass kernel at large block counts; it needs the scores scratch also when
-# topk >= KVb and a small partials scratch (both allocated in _select_impl). Default "onepass"
-# until measured on the H200 (benchmarks/bench_glue.py COARSE2_VARIANTS).
-_COARSE_VARIANT = "onepass"
-_COMPRESS_CONFIG = {"mode": "split", "num_warps": 2}
+# (kernels/triton/vsa_coarse_fwd2.py) is a fully parallel scores launch plus a P V launch from the
+# stored scores, for the latency-bound one-pass kernel; it needs the scores scratch also when
+# topk >= KVb and a small partials scratch (both allocated in _select_impl). Measured on the H200
+# (glue_h200_v5.json, kernel time): 68.5 / 984 us at Wan-1.3B / Wan-14B against the one-pass
+# kernel's 78.3 / 1153 us. With _COARSE_OVERLAP its phase 2 runs on a second stream (_SideStream)
+# while the top-k, which needs only phase 1's scores, runs on the caller's.
+_COARSE_VARIANT = "twophase"
+_COARSE_OVERLAP = True
+_COMPRESS_CONFIG = {"mode": "split", "num_warps": 1, "evict_first": True}
 _GATE_CONFIG = {"num_warps": 8}
 
 
@@ -118,6 +129,40 @@ def _use_triton(x: Tensor) -> bool:
 def _on(x: Tensor):
     """Triton launches on the current CUDA device: make it ``x``'s."""
     return torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext()
+
+
+class _SideStream:
+    """A second stream for work that may run beside the caller's next launches (``vsa_select_fwd(
+    side=)``: the two-phase coarse forward's phase 2 beside the top-k). ``with side:`` makes the side
+    stream wait for everything launched so far on the current stream, then launches on the side
+    stream; ``join()`` makes the current stream wait for the side stream's work, so everything the
+    caller launches afterwards (and every later reuse of memory freed on the current stream) is
+    ordered after it. Works under CUDA-graph capture (the side stream forks from and joins the
+    capturing stream). One side stream per device, made on first use."""
+
+    _streams: dict = {}
+
+    def __init__(self, device: torch.device):
+        self.main = torch.cuda.current_stream(device)
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        side = _SideStream._streams.get(index)
+        if side is None:
+            side = _SideStream._streams[index] = torch.cuda.Stream(device)
+        self.side = side
+        self._ctx = None
+
+    def __enter__(self):
+        self.side.wait_stream(self.main)
+        self._ctx = torch.cuda.stream(self.side)
+        self._ctx.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        ctx, self._ctx = self._ctx, None
+        return ctx.__exit__(*exc)
+
+    def join(self) -> None:
+        self.main.wait_stream(self.side)
 
 
 def _acc(dtype: torch.dtype) -> torch.dtype:
@@ -419,6 +464,8 @@ def _select_impl(qc: Tensor, kc: Tensor, vc: Tensor, kv_sizes: Tensor, topk: int
 
                 coarse = dict(coarse_variant="twophase", partial_scratch=torch.empty(
                     coarse_fwd2_scratch_numel(b, h, qb, kvb, d), dtype=torch.float32, device=dev))
+                if _COARSE_OVERLAP and qc.is_cuda:
+                    coarse["side"] = _SideStream(qc.device)
             with _on(qc):
                 vsa_select_fwd(qc.contiguous(), kc.contiguous(), vc.contiguous(), kv_sizes, out,
                                out_acc if keep_acc else None, lse, idx, num, scores, topk=topk, sm_scale=sm_scale,

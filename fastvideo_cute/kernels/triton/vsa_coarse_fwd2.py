@@ -59,6 +59,7 @@ tensors on the current CUDA device (CPU tensors under ``TRITON_INTERPRET=1``).
 
 from __future__ import annotations
 
+import contextlib
 from typing import Optional, Tuple
 
 import triton
@@ -185,19 +186,23 @@ _Cfg = Tuple[int, int, int, int, Optional[int]]
 
 def coarse_fwd2_tiles(head_dim: int) -> Tuple[_Cfg, _Cfg]:
     """Default ``((BQ1, BKV1, BD1, warps1, stages1), (BQ2, BKV2, BD2, warps2, stages2))`` of the
-    two phases at ``head_dim`` (``stages`` ``None``: Triton's default). Not measured on a GPU yet
-    (``benchmarks/bench_glue.py`` sweeps ``COARSE2_VARIANTS``); chosen from the one-pass numbers:
+    two phases at ``head_dim`` (``stages`` ``None``: Triton's default); ``benchmarks/bench_glue.py``
+    sweeps ``COARSE2_VARIANTS``:
 
     - phase 1, 64 x 64, 4 warps (64-row tiles: wgmma on sm_90), one dot of 64 x 64 x 128 per
       program and no loop (so no pipelining): qc and kc tiles of 32 KB each; head_dim > 128:
       32 x 32 (the operands of 256 lanes). HunyuanVideo 720p: 29 x 29 x 24 = 20,184 programs.
-    - phase 2, 64 x 64 with 64 head_dim lanes per program (head_dim 128: two D splits), 4 warps,
-      3 stages: per kv chunk a 16 KB scores tile and a 16 KB vc tile; the accumulator
-      ``[64, 64]``. HunyuanVideo 720p: 29 x 24 x 2 = 1,392 programs of 29 chunks each.
+    - phase 2, 32 x 32 with 64 head_dim lanes per program (head_dim 128: two D splits), 2 warps,
+      3 stages: per kv chunk a 4 KB scores tile and an 8 KB vc tile; the accumulator ``[32, 64]``.
+      Wan-1.3B 480p: 20 x 12 x 2 = 480 programs of 20 chunks each. Measured on the H200
+      (``benchmarks/results/glue_h200_v5.json``, kernel time from ``torch.profiler``, 64-token
+      tiles, 87.5 %): 37.2 us at Wan-1.3B 480p (the former 64 x 64 x 64, 4 warps: 56.4 us) and
+      512 us at Wan-14B 720p (823 us); phase 1 as here 31.4 / 472 us; the pair 68.5 / 984 us
+      against the one-pass kernel's 78.3 / 1153 us.
     """
     block_d = pow2_lanes(head_dim, 16)
     p1 = (64, 64, block_d, 4, None) if block_d <= 128 else (32, 32, block_d, 4, None)
-    p2 = (64, 64, min(64, block_d), 4, 3)
+    p2 = (32, 32, min(64, block_d), 2, 3)
     return p1, p2
 
 
@@ -254,7 +259,7 @@ def _opts(warps, stages) -> dict:
 
 
 def vsa_coarse_fwd2(qc, kc, vc, kv_sizes, out, out32, lse, scores, partial_scratch, *, sm_scale: float,
-                    precision: str = "ieee", tiles=None) -> None:
+                    precision: str = "ieee", tiles=None, phase2_context=None) -> None:
     """Two-phase coarse attention forward into caller-allocated tensors (two launches).
 
     ``qc [B,H,Qb,D]``, ``kc``/``vc [B,H,KVb,D]``: fp32 contiguous; ``kv_sizes``: int32 ``[KVb]``;
@@ -263,7 +268,10 @@ def vsa_coarse_fwd2(qc, kc, vc, kv_sizes, out, out32, lse, scores, partial_scrat
     2 reads it back), overwritten with the scores. ``partial_scratch``: fp32 contiguous, at least
     :func:`coarse_fwd2_scratch_numel` ``(B, H, Qb, KVb, D, tiles)`` elements (contents on entry do
     not matter). ``precision``: one of :data:`FWD2_PRECISIONS` (``vsa_select.COARSE_PRECISIONS``). ``tiles``: see
-    :func:`resolve_fwd2_tiles`. Raises ``ValueError`` for a missing / wrong scratch or bad tiles."""
+    :func:`resolve_fwd2_tiles`. ``phase2_context``: ``None`` or a context manager entered around
+    phase 2's launch only (``vsa_select_fwd(side=)`` puts it on a second stream that way, so that
+    the caller's next launch, the top-k, which reads only phase 1's scores, runs beside it).
+    Raises ``ValueError`` for a missing / wrong scratch or bad tiles."""
     if precision not in FWD2_PRECISIONS:
         raise ValueError(f"precision {precision!r} not in {FWD2_PRECISIONS}")
     B, H, Qb, D = qc.shape
@@ -296,10 +304,11 @@ def vsa_coarse_fwd2(qc, kc, vc, kv_sizes, out, out32, lse, scores, partial_scrat
         BLOCK_Q=bq1, BLOCK_KV=bkv1, BLOCK_D=bd1, PRECISION=precision,
         **_opts(w1, st1),
     )
-    _coarse_fwd2_out_kernel[(triton.cdiv(Qb, bq2), bh, triton.cdiv(D, bd2))](
-        vc, scores, partial_scratch, out, out32 if out32 is not None else out, lse,
-        Qb, KVb, D, nt,
-        BLOCK_Q=bq2, BLOCK_KV=bkv2, BLOCK_D=bd2, BLOCK_T=min(triton.next_power_of_2(nt), 64),
-        WRITE_OUT32=out32 is not None, PRECISION=precision,
-        **_opts(w2, st2),
-    )
+    with (phase2_context if phase2_context is not None else contextlib.nullcontext()):
+        _coarse_fwd2_out_kernel[(triton.cdiv(Qb, bq2), bh, triton.cdiv(D, bd2))](
+            vc, scores, partial_scratch, out, out32 if out32 is not None else out, lse,
+            Qb, KVb, D, nt,
+            BLOCK_Q=bq2, BLOCK_KV=bkv2, BLOCK_D=bd2, BLOCK_T=min(triton.next_power_of_2(nt), 64),
+            WRITE_OUT32=out32 is not None, PRECISION=precision,
+            **_opts(w2, st2),
+        )

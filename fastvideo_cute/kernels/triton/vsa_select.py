@@ -373,7 +373,7 @@ def _resolve_fwd_tiles(tiles, head_dim):
 def vsa_select_fwd(qc, kc, vc, kv_sizes, out, out32, lse, q2k_idx, q2k_num, scores, *, topk: int,
                    sm_scale: float, precision: str = "ieee", tiles=None, num_stages=None, kv_splits: int = 1,
                    split_scratch=None, topk_variant: str = TOPK_DEFAULT, coarse_variant: str = "onepass",
-                   phase_tiles=None, partial_scratch=None) -> None:
+                   phase_tiles=None, partial_scratch=None, side=None) -> None:
     """Coarse attention + top-k into caller-allocated tensors.
 
     ``qc [B,H,Qb,D]``, ``kc``/``vc [B,H,KVb,D]``: fp32 contiguous. ``kv_sizes``: int32 ``[KVb]``.
@@ -400,6 +400,14 @@ def vsa_select_fwd(qc, kc, vc, kv_sizes, out, out32, lse, q2k_idx, q2k_num, scor
     Qb, KVb, D, phase_tiles)`` elements; ``ValueError`` when either is missing or too small. The
     same scores as the one-pass kernel up to the tile shape's summation order inside the dot
     (bitwise the same with equal tiles under the interpreter), ``out_c``/LSE to fp32 rounding.
+
+    ``side`` (two-phase only): ``None``, or the caller's handle for a second stream, a context
+    manager that launches what runs inside it there (after the launches before it) plus a
+    ``join()`` that makes the launching stream wait for that work. Phase 2 (``out_c``, LSE) is
+    launched inside ``side`` and the top-k (which reads only phase 1's scores) after it on the
+    launching stream, then ``side.join()``: the two run at the same time, the same launches and
+    bits as without ``side``. This module does not make streams (it does not import torch):
+    ``vsa_ops._SideStream`` is the one the library passes.
     """
     assert precision in COARSE_PRECISIONS, f"precision {precision!r}"
     B, H, Qb, D = qc.shape
@@ -427,8 +435,8 @@ def vsa_select_fwd(qc, kc, vc, kv_sizes, out, out32, lse, q2k_idx, q2k_num, scor
                 or tuple(scores.shape) != (B, H, Qb, KVb):
             raise ValueError(f"coarse_variant='twophase' needs scores: fp32 contiguous {(B, H, Qb, KVb)}, "
                              "also when topk >= KVb")
-    elif phase_tiles is not None or partial_scratch is not None:
-        raise ValueError("phase_tiles= / partial_scratch= are for coarse_variant='twophase'")
+    elif phase_tiles is not None or partial_scratch is not None or side is not None:
+        raise ValueError("phase_tiles= / partial_scratch= / side= are for coarse_variant='twophase'")
     if not take_all:
         assert scores is not None and dtype_name(scores) == "float32" and scores.is_contiguous() \
             and tuple(scores.shape) == (B, H, Qb, KVb), "scores scratch"
@@ -449,7 +457,7 @@ def vsa_select_fwd(qc, kc, vc, kv_sizes, out, out32, lse, q2k_idx, q2k_num, scor
         from .vsa_coarse_fwd2 import vsa_coarse_fwd2  # lazily: the one-pass path never needs it
 
         vsa_coarse_fwd2(qc, kc, vc, kv_sizes, out, out32, lse, scores, partial_scratch, sm_scale=sm_scale,
-                        precision=precision, tiles=phase_tiles)
+                        precision=precision, tiles=phase_tiles, phase2_context=side)
     else:
         _vsa_coarse_fwd_kernel[(triton.cdiv(Qb, block_q), B * H, splits)](
             qc, kc, vc, kv_sizes, out, out32_arg, lse,
@@ -468,6 +476,8 @@ def vsa_select_fwd(qc, kc, vc, kv_sizes, out, out32, lse, q2k_idx, q2k_num, scor
             num_warps=4,
         )
     _launch_topk(scores if not take_all else lse, q2k_idx, q2k_num, R, KVb, k_eff, topk_variant)
+    if side is not None:
+        side.join()
 
 
 def topk_chunks(kvb: int):

@@ -26,6 +26,8 @@ fp16 rounding of the fp32 value: rtol 1e-3.
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -213,15 +215,15 @@ def test_twophase_is_deterministic():
 
 
 def test_vsa_ops_switch_runs_the_two_phase_path(monkeypatch):
-    """vsa_ops._COARSE_VARIANT = "twophase": the op allocates the scores / partials scratch itself
+    """vsa_ops._COARSE_VARIANT = "twophase" (the default since glue_h200_v5.json): the op allocates the scores / partials scratch itself
     (also for topk >= KVb) and agrees with the default one-pass path."""
     qc, kc, vc = _means(1, 2, 9, 21, 32, seed=30)
     sizes = _sizes(*([2, 0, 3] * 7))
     for topk in (4, 30):
+        monkeypatch.setattr(vsa_ops, "_COARSE_VARIANT", "onepass")
         want = vsa_ops.vsa_select(qc, kc, vc, sizes, topk, 32 ** -0.5, torch.float32)
         monkeypatch.setattr(vsa_ops, "_COARSE_VARIANT", "twophase")
         got = vsa_ops.vsa_select(qc, kc, vc, sizes, topk, 32 ** -0.5, torch.float32)
-        monkeypatch.setattr(vsa_ops, "_COARSE_VARIANT", "onepass")
         torch.testing.assert_close(got[0], want[0], **TOL)
         assert torch.equal(got[2], want[2]) and got[1].shape == want[1].shape
         if topk >= 21:
@@ -229,6 +231,55 @@ def test_vsa_ops_switch_runs_the_two_phase_path(monkeypatch):
         else:  # 64-column default tile vs the one-pass's 32: compare with the reference selection
             ref_scores = coarse_attention_reference(qc, kc, vc, sizes, 32 ** -0.5)[2]
             assert torch.equal(got[1].long(), topk_indices_reference(ref_scores, topk))
+
+
+class _RecordingSide:
+    """A stand-in for vsa_ops._SideStream: records when it is entered, left and joined, and which
+    kernels were launched inside it (by wrapping the two launch objects' ``__getitem__``)."""
+
+    def __init__(self, events):
+        self.events = events
+
+    def __enter__(self):
+        self.events.append("enter")
+        return self
+
+    def __exit__(self, *exc):
+        self.events.append("exit")
+        return False
+
+    def join(self):
+        self.events.append("join")
+
+
+@pytest.mark.parametrize("topk", [3, 40])
+def test_side_hook_runs_phase2_inside_and_joins_after_the_topk(monkeypatch, topk):
+    """vsa_select_fwd(side=): phase 2 is launched inside the side context, phase 1 before it, the
+    top-k after it and ``join()`` last; the results are those of the call without ``side``."""
+    from fastvideo_cute.kernels.triton import vsa_coarse_fwd2 as cf2
+    from fastvideo_cute.kernels.triton import vsa_select as vs
+
+    events = []
+    for mod, name, tag in ((cf2, "_coarse_fwd2_scores_kernel", "phase1"), (cf2, "_coarse_fwd2_out_kernel", "phase2"),
+                           (vs, "_vsa_topk_rows_kernel", "topk"), (vs, "_vsa_topk_kernel", "topk")):
+        kernel = getattr(mod, name)
+
+        class _Tagged:
+            def __init__(self, kernel, tag):
+                self.kernel, self.tag = kernel, tag
+
+            def __getitem__(self, grid):
+                events.append(self.tag)
+                return self.kernel[grid]
+
+        monkeypatch.setattr(mod, name, _Tagged(kernel, tag))
+    qc, kc, vc = _means(1, 2, 9, 40, 32, seed=31)
+    sizes = _sizes(*KV40)
+    want = _run(qc, kc, vc, sizes, topk)
+    events.clear()
+    got = _run(qc, kc, vc, sizes, topk, side=_RecordingSide(events))
+    assert events == ["phase1", "enter", "phase2", "exit", "topk", "join"]
+    assert all(torch.equal(x, y) for x, y in zip(got, want) if x is not None)
 
 
 def test_default_tiles_and_scratch_size():
@@ -244,7 +295,7 @@ def test_default_tiles_and_scratch_size():
     assert coarse_fwd2_scratch_numel(1, 24, 1800, 1800, 128) == 24 * 1800 * 29 * 2  # 64-column tiles
     assert coarse_fwd2_scratch_numel(2, 3, 5, 40, 32, ((16, 16, None, 4), None)) == 2 * 3 * 5 * 3 * 2
     assert resolve_fwd2_tiles(((None, 32, None, 2), (16, None, 16, None, 1)), 64) == \
-        ((64, 32, 64, 2, None), (16, 64, 16, 4, 1))
+        ((64, 32, 64, 2, None), (16, 32, 16, 2, 1))  # unset entries: phase 2's defaults 32 x 32, 2 warps
 
 
 def test_direct_helper_checks_precision_and_writes_everything():
@@ -273,6 +324,7 @@ def test_direct_helper_checks_precision_and_writes_everything():
     (dict(num_stages=2), "phase_tiles"),
     (dict(coarse_variant="onepass", phase_tiles=((16, 16, None, 4), None)), "for coarse_variant='twophase'"),
     (dict(coarse_variant="onepass", partial_scratch="ok"), "for coarse_variant='twophase'"),
+    (dict(coarse_variant="onepass", side=contextlib.nullcontext()), "for coarse_variant='twophase'"),
     (dict(coarse_variant="fast"), "coarse_variant must be"),
     (dict(phase_tiles=((8, 16, None, 4), None)), "BLOCK_Q=8"),
     (dict(phase_tiles=((16, 16, 16, 4), None)), "BLOCK_D=16 < head_dim"),
@@ -304,3 +356,51 @@ def test_twophase_bad_arguments(kw, match, topk):
             torch.empty(1, 1, 3, k, dtype=torch.int32, device=DEV), torch.empty(1, 1, 3, dtype=torch.int32, device=DEV))
     with pytest.raises(ValueError, match=match):
         vsa_select_fwd(qc, kc, vc, _sizes(*([2] * 6)), *outs, scores, topk=topk, sm_scale=0.25, **args)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+def test_gpu_side_stream_gives_the_same_bits_and_graph_replays_it(monkeypatch):
+    """vsa_ops.vsa_select with phase 2 on the side stream (_COARSE_OVERLAP, the default) against the
+    same call on one stream, at Wan-1.3B 480p's size (H=12, 624 blocks, top-k 78, bf16 out_c and
+    the fp32 copy the backward keeps): bitwise the same out_c / LSE / lists, repeated (a missing
+    join would let the next launch read a half-written out_c); then captured in a CUDA graph and
+    replayed on new means, again bitwise equal to the eager one-stream call."""
+    monkeypatch.setattr(vsa_ops, "_COARSE_VARIANT", "twophase")
+    g = torch.Generator(device="cuda").manual_seed(5)
+    h, n, d = 12, 624, 128
+    sizes = torch.randint(0, 65, (n,), device="cuda", generator=g, dtype=torch.int32)
+    sizes[::40] = 0
+
+    def means():
+        return [torch.randn(1, h, n, d, device="cuda", generator=g) for _ in range(3)]
+
+    def call(qc, kc, vc, overlap):
+        monkeypatch.setattr(vsa_ops, "_COARSE_OVERLAP", overlap)
+        out = vsa_ops._select_impl(qc, kc, vc, sizes, 78, d ** -0.5, torch.bfloat16, True)
+        return [x.clone() for x in out]
+
+    qc, kc, vc = means()
+    want = call(qc, kc, vc, False)
+    for _ in range(3):
+        got = call(qc, kc, vc, True)
+        assert all(torch.equal(a, b) for a, b in zip(got, want))
+    static = means()
+    monkeypatch.setattr(vsa_ops, "_COARSE_OVERLAP", True)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            vsa_ops._select_impl(*static, sizes, 78, d ** -0.5, torch.bfloat16, True)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = vsa_ops._select_impl(*static, sizes, 78, d ** -0.5, torch.bfloat16, True)
+    for _ in range(2):
+        fresh = means()
+        for dst, src in zip(static, fresh):
+            dst.copy_(src)
+        graph.replay()
+        torch.cuda.synchronize()
+        want = call(*fresh, False)
+        assert all(torch.equal(a, b) for a, b in zip(captured, want))
