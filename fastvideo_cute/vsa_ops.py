@@ -98,6 +98,8 @@ def _topk_variant(kvb: int) -> str:
 # while the top-k, which needs only phase 1's scores, runs on the caller's.
 _COARSE_VARIANT = "twophase"
 _COARSE_OVERLAP = True
+# Its tiles (vsa_coarse_fwd2.resolve_fwd2_tiles; None: coarse_fwd2_tiles' defaults), for a sweep.
+_COARSE_PHASE_TILES = None
 _COMPRESS_CONFIG = {"mode": "split", "num_warps": 1, "evict_first": True}
 _GATE_CONFIG = {"num_warps": 8}
 
@@ -462,8 +464,8 @@ def _select_impl(qc: Tensor, kc: Tensor, vc: Tensor, kv_sizes: Tensor, topk: int
             if two_phase:  # the partial (max, sum) per row and kv tile, freed on return as the scores
                 from .kernels.triton.vsa_coarse_fwd2 import coarse_fwd2_scratch_numel
 
-                coarse = dict(coarse_variant="twophase", partial_scratch=torch.empty(
-                    coarse_fwd2_scratch_numel(b, h, qb, kvb, d), dtype=torch.float32, device=dev))
+                coarse = dict(coarse_variant="twophase", phase_tiles=_COARSE_PHASE_TILES, partial_scratch=torch.empty(
+                    coarse_fwd2_scratch_numel(b, h, qb, kvb, d, _COARSE_PHASE_TILES), dtype=torch.float32, device=dev))
                 if _COARSE_OVERLAP and qc.is_cuda:
                     coarse["side"] = _SideStream(qc.device)
             with _on(qc):
