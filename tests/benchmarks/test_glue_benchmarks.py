@@ -1,0 +1,69 @@
+"""The glue benchmarks on CPU: ``ab_vsa_glue.py`` (its configurations name real ``vsa_ops``
+settings with values of the right kind, its CLI parses, it refuses to run without a GPU) and the
+options added to ``bench_glue.py`` / ``bench_vsa_e2e.py`` (``--timer``, ``--coarse-overlap``,
+``--compress-config``). Nothing is timed here; the GPU runs are in benchmarks/results/."""
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fastvideo_cute import vsa_ops
+from fastvideo_cute.kernels.triton.vsa_coarse_fwd2 import resolve_fwd2_tiles
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _load(name):
+    spec = importlib.util.spec_from_file_location(f"{name}_under_test", ROOT / "benchmarks" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def ab():
+    return _load("ab_vsa_glue")
+
+
+def test_ab_configs_set_existing_vsa_ops_settings(ab):
+    assert ab.CONFIGS["default"] == {}
+    for name, cfg in ab.CONFIGS.items():
+        for attr, value in cfg.items():
+            assert hasattr(vsa_ops, attr), (name, attr)
+            if attr == "_COARSE_PHASE_TILES":
+                resolve_fwd2_tiles(value, 128)  # raises on a tile the kernel does not take
+            elif attr == "_COARSE_VARIANT":
+                assert value in ("onepass", "twophase")
+            else:
+                assert isinstance(value, type(getattr(vsa_ops, attr))), (name, attr)
+
+
+def test_ab_parse_and_refuses_without_a_gpu(ab):
+    args = ab.parse_args(["--sparsity", "0.875", "0.9", "--configs", "default", "onepass", "--mode", "fwdbwd"])
+    assert args.sparsity == [0.875, 0.9] and args.configs == ["default", "onepass"] and args.mode == "fwdbwd"
+    with pytest.raises(SystemExit):
+        ab.parse_args(["--configs", "nonexistent"])
+    import torch
+
+    if not torch.cuda.is_available():
+        with pytest.raises(SystemExit, match="CUDA"):
+            ab.main(["--configs", "default", "--no-fastvideo"])
+
+
+def test_bench_glue_timer_option():
+    glue = _load("bench_glue")
+    assert glue.parse_args([]).timer == "do_bench"
+    assert glue.parse_args(["--timer", "kernels", "--iters", "5"]).iters == 5
+    with pytest.raises(SystemExit):
+        glue.parse_args(["--timer", "wall"])
+
+
+def test_e2e_glue_options_in_help():
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_vsa_e2e.py"), "--help"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    for flag in ("--coarse-overlap", "--compress-config", "--coarse-variant"):
+        assert flag in out.stdout
