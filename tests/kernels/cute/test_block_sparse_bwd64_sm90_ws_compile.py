@@ -58,6 +58,30 @@ def test_grouped_build_accumulates_dk_dv(kernel_report):
     assert report.count("REDG.E.ADD.F32") == 2 * 64
 
 
+def test_grouped_bulk_build_adds_each_tile_by_one_bulk_reduction():
+    """``grouped=True, bulk_dkv=True`` (compile-verified, not yet run on a GPU): the same 28 wgmma;
+    dK and dV each staged in shared memory and added by one bulk reduce-add (UBLKRED), no per-element
+    reductions; both MMA warpgroups meet at barrier 10 before staging (256 threads) and WG1 syncs its
+    own staging on barrier 11; no spill; without ``grouped`` the option changes nothing."""
+    from functools import partial
+
+    from fastvideo_cute.compile_check import build_report
+    from fastvideo_cute.kernels.cute import CuteKernelSpec
+    from fastvideo_cute.kernels.cute.block_sparse_bwd64 import sm90_ws_main_kernel
+
+    spec = CuteKernelSpec(name=NAME + "_grouped_bulk", archs=("sm_90a",),
+                          make=partial(sm90_ws_main_kernel, grouped=True, bulk_dkv=True),
+                          expect=("HGMMA", "UTMAREDG", "USETMAXREG"))
+    report = build_report(spec, "sm_90a")
+    print(report.line)
+    assert report.ok and report.spill == 0, report.line
+    assert report.count("HGMMA") == 28 and report.count("REDG") == 0
+    assert report.count("UBLKRED.G.S.ADD.F32") == 2
+    assert len(re.findall(r"BAR\.SYNC\.DEFER_BLOCKING 0xa, 0x100\b", report.sass)) == 2
+    assert re.search(r"BAR\.SYNC\.DEFER_BLOCKING 0xb, 0x80\b", report.sass)
+    assert sm90_ws_main_kernel(bulk_dkv=True).config()["bulk_dkv"] is False  # needs grouped
+
+
 @pytest.mark.parametrize("bad, match", [(dict(p_stages=3), "p_stages"), (dict(dq_stages=0), "dq_stages"),
                                         (dict(q_stages=5), "q_stages"),
                                         (dict(q_stages=4, p_stages=2, dq_stages=2), "shared memory")])

@@ -56,7 +56,7 @@ from quack import layout_utils
 
 from fastvideo_cute.jit import CuteKernel, fake_matrix
 
-from ..common.bulk import bulk_copy_g2s
+from ..common.bulk import bulk_copy_g2s, bulk_reduce_add_f32
 from ..common.tma import tma_row_tiles
 from ..common.wgmma import wgmma_gemm
 from .block_sparse_bwd64_common import main_fake_args
@@ -76,6 +76,9 @@ REGS_WG1 = 224
 REGS_WG2 = 256
 # named barrier ids (0 is the CTA-wide barrier); P_READY/P_FREE/DQ_FULL/DQ_FREE + stage
 P_READY, P_FREE, DQ_FULL, DQ_FREE, WG2_SYNC = 1, 3, 5, 7, 9
+# bulk_dkv's epilogue: both MMA warpgroups out of their loops (then the Q and dO rings are free),
+# WG1's staging done (WG2's uses WG2_SYNC)
+EPI_SYNC, EPI_WG1 = 10, 11
 MAX_STAGES = 2  # of the P and dQ buffers (two barrier ids each)
 SMEM_LIMIT = 227 * 1024  # per CTA on sm_90
 
@@ -101,13 +104,18 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
     name = "block_sparse_bwd64_sm90_ws"
 
     def __init__(self, q_stages: int = 3, p_stages: int = 1, dq_stages: int = 1, kv_regs: bool = True,
-                 grouped: bool = False):
+                 grouped: bool = False, bulk_dkv: bool = False):
         """``q_stages``: depth of the Q and dO rings; ``p_stages`` / ``dq_stages``: buffers of the
         P^T hand-off and of the dQ staging tile (1 or 2: with 2 the producing side runs a step
         ahead); ``kv_regs``: WG1 holds K and WG2 holds V in registers (S^T and dP^T as RS wgmma,
         loaded once by ldmatrix), halving those MMAs' shared-memory reads; ``grouped``: dk/dv are fp32 accumulators that
         each CTA adds its kv block's dK (times sm_scale) / dV into (the caller splits a kv block's k2q
-        list over several CTAs by q group, ``mGB``, and converts), instead of bf16 rows written once."""
+        list over several CTAs by q group, ``mGB``, and converts), instead of bf16 rows written once;
+        ``bulk_dkv`` (with ``grouped``; no effect without): each warpgroup stages its 64 x 128 tile
+        (times the scale, rows of padded keys 0) row-major in fp32 in a ring it no longer reads (WG1:
+        the dO ring, after both MMA warpgroups left their loops; WG2: the Q ring) and adds it into
+        the accumulator's 32 KB of rows by one bulk reduce-add (``cp.reduce.async.bulk``), instead of
+        64 fp32 reductions per thread (compile-verified, not yet run on a GPU)."""
         for name, v in (("p_stages", p_stages), ("dq_stages", dq_stages)):
             if v not in (1, MAX_STAGES):
                 raise ValueError(f"{name} must be 1 or {MAX_STAGES}, got {v}")
@@ -120,10 +128,11 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
         self.dtype = cutlass.BFloat16
         self.q_stages, self.p_stages, self.dq_stages = int(q_stages), int(p_stages), int(dq_stages)
         self.kv_regs, self.grouped = bool(kv_regs), bool(grouped)
+        self.bulk_dkv = bool(bulk_dkv) and self.grouped
 
     def config(self):
         return {"q_stages": self.q_stages, "p_stages": self.p_stages, "dq_stages": self.dq_stages,
-                "kv_regs": self.kv_regs, "grouped": self.grouped}
+                "kv_regs": self.kv_regs, "grouped": self.grouped, "bulk_dkv": self.bulk_dkv}
 
     # ------------------------------------------------------------------ host side
     @cute.jit
@@ -350,7 +359,12 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
             warpgroup.wait_group(0)
             pipe_do.consumer_release(state)
             state.advance()
-        self.store_rows(acc_dV, thr_kv, mdV, (bh * nb + kv) * BLOCK, size, Float32(1.0))
+        if const_expr(self.bulk_dkv):  # into the dO ring, once WG2 (the ring's other reader) is done
+            cute.arch.barrier(barrier_id=EPI_SYNC, number_of_threads=2 * WG)
+            self.bulk_add_rows(acc_dV, thr_kv, storage.sdO.data_ptr(), mdV, (bh * nb + kv) * BLOCK, size,
+                               Float32(1.0), wtid, EPI_WG1)
+        else:
+            self.store_rows(acc_dV, thr_kv, mdV, (bh * nb + kv) * BLOCK, size, Float32(1.0))
 
     # ---- WG2: dP, dS, dQ, dK
     @cute.jit
@@ -431,7 +445,12 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
             warpgroup.wait_group(0)
             pipe_q.consumer_release(state)
             state.advance()
-        self.store_rows(acc_dK, thr_kv, mdK, (bh * nb + kv) * BLOCK, size, sm_scale)
+        if const_expr(self.bulk_dkv):  # into the Q ring, once WG1 (its other reader) is done
+            cute.arch.barrier(barrier_id=EPI_SYNC, number_of_threads=2 * WG)
+            self.bulk_add_rows(acc_dK, thr_kv, storage.sQ.data_ptr(), mdK, (bh * nb + kv) * BLOCK, size, sm_scale,
+                               wtid, WG2_SYNC)
+        else:
+            self.store_rows(acc_dK, thr_kv, mdK, (bh * nb + kv) * BLOCK, size, sm_scale)
 
     def p_slot(self, storage, wtid, like: cute.Tensor, stage) -> cute.Tensor:
         """This thread's 32 fp32 P^T values in buffer ``stage`` of ``sP``, shaped like the accumulator
@@ -448,6 +467,30 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
         atom = cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype)
         thr_copy = cute.make_tiled_copy_A(atom, tiled_mma).get_slice(wtid)
         cute.copy(thr_copy, thr_copy.partition_S(sA), thr_copy.retile(tCrA))
+
+    @cute.jit
+    def bulk_add_rows(self, acc, thr_kv, region, mOut, row0: Int32, size: Int32, scale: Float32, wtid, barrier_id):
+        """``mOut[row0 : row0 + 64, :] += acc * scale`` (rows of padded keys: + 0) as one 32 KB bulk
+        reduce-add: the warpgroup writes its accumulator into ``region`` (shared memory no one reads
+        any more) as a row-major fp32 64 x 128 tile, the rows of ``mOut``'s layout, then one thread
+        issues the reduction and waits until the TMA unit has read the tile (the CTA may exit then)."""
+        sT = cute.make_tensor(cute.recast_ptr(region, dtype=Float32),
+                              cute.make_layout((BLOCK, HEAD_DIM), stride=(HEAD_DIM, 1)))
+        tS = thr_kv.partition_C(sT)
+        cKV = thr_kv.partition_C(cute.make_identity_tensor((BLOCK, HEAD_DIM)))
+        for i in cutlass.range(cute.size(acc), unroll_full=True):
+            r, c = cKV[i]
+            v = acc[i] * scale
+            if r >= size:
+                v = Float32(0.0)
+            tS[i] = v
+        cute.arch.fence_proxy("async.shared", space="cta")
+        cute.arch.barrier(barrier_id=barrier_id, number_of_threads=WG)
+        if wtid == 0:
+            bulk_reduce_add_f32(sT.iterator, mOut.iterator + cute.crd2idx((row0, 0), mOut.layout),
+                                BLOCK * HEAD_DIM * 4)
+            cute.arch.cp_async_bulk_commit_group()
+            cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     @cute.jit
     def store_rows(self, acc, thr_kv, mOut, row0: Int32, size: Int32, scale: Float32):
