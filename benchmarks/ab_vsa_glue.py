@@ -16,6 +16,7 @@ give bf16 outputs within one rounding of each other; another selection would dif
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import sys
@@ -39,6 +40,23 @@ CONFIGS = {
 # time (31.1 vs 31.3 us at Wan-1.3B) and no end-to-end gain, so the kernel keeps one dot over D.
 
 
+@contextlib.contextmanager
+def configured(name):
+    """``vsa_ops`` as configuration ``name`` of :data:`CONFIGS` says (any other name, e.g.
+    FastVideo's entry: unchanged), restored on exit."""
+    from fastvideo_cute import vsa_ops
+
+    cfg = CONFIGS.get(name, {})
+    old = {a: getattr(vsa_ops, a) for a in cfg}
+    for a, v in cfg.items():
+        setattr(vsa_ops, a, v)
+    try:
+        yield
+    finally:
+        for a, v in old.items():
+            setattr(vsa_ops, a, v)
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--preset", default="wan2.1-1.3b-480p")
@@ -60,7 +78,6 @@ def main(argv=None):
     import fastvideo_cute as fvc
     from bench_vsa import environment
     from bench_vsa_e2e import Problem
-    from fastvideo_cute import vsa_ops
     from fastvideo_cute.warmup_presets import PRESETS
     from triton.testing import do_bench
 
@@ -81,13 +98,6 @@ def main(argv=None):
             entries["fastvideo"] = lambda q, k, v, g: fvk.video_sparse_attn(
                 q, k, v, p.sizes, p.sizes, p.topk, block_size=p.tile, compress_attn_weight=g)
 
-        def settings(name):
-            cfg = CONFIGS.get(name, {})
-            old = {a: getattr(vsa_ops, a) for a in cfg}
-            for a, v in cfg.items():
-                setattr(vsa_ops, a, v)
-            return old
-
         def timed(call):
             if args.mode == "fwd":
                 with torch.no_grad():
@@ -100,23 +110,13 @@ def main(argv=None):
             want = ours(p.q, p.k, p.v, p.gate).float()
         check = {}
         for name in args.configs:
-            old = settings(name)
-            try:
-                with torch.no_grad():
-                    got = ours(p.q, p.k, p.v, p.gate).float()
-                check[name] = float((got - want).abs().max())
-            finally:
-                for a, v in old.items():
-                    setattr(vsa_ops, a, v)
+            with configured(name), torch.no_grad():
+                check[name] = float((ours(p.q, p.k, p.v, p.gate).float() - want).abs().max())
         times = {name: [] for name in entries}
         for _ in range(args.rounds):
             for name, call in entries.items():
-                old = settings(name)
-                try:
+                with configured(name):
                     times[name].append(timed(call))
-                finally:
-                    for a, v in old.items():
-                        setattr(vsa_ops, a, v)
         med = {name: statistics.median(ts) for name, ts in times.items()}
         row = {"preset": args.preset, "sparsity": sparsity, "mode": args.mode, "topk": p.topk,
                "ms_median": med, "ms_all": times, "max_abs_vs_default": check,

@@ -41,6 +41,19 @@ def test_ab_configs_set_existing_vsa_ops_settings(ab):
                 assert isinstance(value, type(getattr(vsa_ops, attr))), (name, attr)
 
 
+def test_ab_configured_sets_and_restores(ab):
+    before = (vsa_ops._COARSE_OVERLAP, vsa_ops._COARSE_VARIANT)
+    with ab.configured("no-overlap"):
+        assert vsa_ops._COARSE_OVERLAP is False and vsa_ops._COARSE_VARIANT == before[1]
+    with pytest.raises(RuntimeError):
+        with ab.configured("onepass"):
+            assert vsa_ops._COARSE_VARIANT == "onepass"
+            raise RuntimeError("a failing timing")
+    assert (vsa_ops._COARSE_OVERLAP, vsa_ops._COARSE_VARIANT) == before
+    with ab.configured("fastvideo"):  # not a configuration: nothing changes
+        assert (vsa_ops._COARSE_OVERLAP, vsa_ops._COARSE_VARIANT) == before
+
+
 def test_ab_parse_and_refuses_without_a_gpu(ab):
     args = ab.parse_args(["--sparsity", "0.875", "0.9", "--configs", "default", "onepass", "--mode", "fwdbwd"])
     assert args.sparsity == [0.875, 0.9] and args.configs == ["default", "onepass"] and args.mode == "fwdbwd"
