@@ -38,19 +38,22 @@ _VARIANT_KEYS = {"k": "k_stages", "v": "v_stages", "c": "ctas_per_sm"}
 
 
 def parse_variant(spec: str) -> dict:
-    """``"k2v3c2st"`` -> k_stages=2, v_stages=3, ctas_per_sm=2, stmatrix_epilogue=True (the kernel's
-    defaults for what is left out; ``"base"`` is the default pipeline)."""
+    """``"k2v3c2st"`` -> k_stages=2, v_stages=3, ctas_per_sm=2, stmatrix_epilogue=True, a trailing
+    ``p`` -> partial_loads=True (the kernel's defaults for what is left out; ``"base"`` is the
+    default pipeline)."""
     import re
 
     out, rest = {}, spec
     if rest == "base":
         return out
+    if rest.endswith("p"):  # partial kv tiles loaded as 16-key pieces
+        out["partial_loads"], rest = True, rest[:-1]
     if rest.endswith("st"):
         out["stmatrix_epilogue"], rest = True, rest[:-2]
     for key, val in re.findall(r"([kvc])(\d)", rest):
         out[_VARIANT_KEYS[key]] = int(val)
     if re.sub(r"[kvc]\d", "", rest):
-        raise SystemExit(f"bad --variants entry {spec!r} (e.g. k2v3c2st, base)")
+        raise SystemExit(f"bad --variants entry {spec!r} (e.g. k2v3c2st, p, base)")
     return out
 
 
@@ -170,6 +173,12 @@ def timing(args):
             row["gate_max_abs_diff"] = float((fused.float() - cudnn_path().float()).abs().max())
             fns["gate:cudnn_path"] = cudnn_path
             fns["gate:fused"] = lambda: ours(q, k, v, idx, num, sizes, bshd=True, gate=gate, out_c=out_c)
+            for spec in args.variants:
+                var = parse_variant(spec)
+                f_v = ours(q, k, v, idx, num, sizes, bshd=True, gate=gate, out_c=out_c, variant=var)[0]
+                equal[f"gate:{spec}"] = bool(torch.equal(f_v, fused))
+                fns[f"gate:fused[{spec}]"] = (lambda var=var: ours(q, k, v, idx, num, sizes, bshd=True, gate=gate,
+                                                                   out_c=out_c, variant=var))
         med, all_ms = bench_rounds(fns, args)
         ms_c, ms_o = med["cudnn"], med["ours"]
         row.update({"rounds": args.rounds, "ms_median": med, "ms_all": all_ms,
@@ -185,6 +194,11 @@ def timing(args):
         if args.gate:
             row["gate_cudnn_path_ms"], row["gate_fused_ms"] = med["gate:cudnn_path"], med["gate:fused"]
             row["gate_fused_vs_cudnn_path"] = med["gate:cudnn_path"] / med["gate:fused"]
+            for spec in args.variants:
+                ms_g = med[f"gate:fused[{spec}]"]
+                row["variants"][spec].update({"gate_fused_ms": ms_g, "gate_vs_cudnn_path": med["gate:cudnn_path"] / ms_g,
+                                              "gate_vs_base": med["gate:fused"] / ms_g,
+                                              "gate_bitwise_equal_base": equal[f"gate:{spec}"]})
         print(json.dumps({k: v for k, v in row.items() if k != "ms_all"}), flush=True)
         rows.append(row)
         del case
