@@ -48,31 +48,35 @@ def test_sass_holds_the_warp_specialized_design(kernel_report):
     assert report.count("REDG") == 0 and report.count("HMMA") == 0 and report.count("UTCHMMA") == 0
 
 
-def test_grouped_build_accumulates_dk_dv(kernel_report):
-    """``grouped=True``: the same MMAs; dK/dV added into fp32 accumulators, one reduction per element
-    of each warpgroup's 64 x 128 tile (64 per thread; none for the rows of padded keys)."""
-    report = kernel_report(NAME + "_grouped", "sm_90a")
-    print(report.line)
-    assert report.ok and report.spill == 0, report.line
-    assert report.count("HGMMA") == 28
-    assert report.count("REDG.E.ADD.F32") == 2 * 64
-
-
-def test_grouped_bulk_build_adds_each_tile_by_one_bulk_reduction():
-    """``grouped=True, bulk_dkv=True`` (compile-verified, not yet run on a GPU): the same 28 wgmma;
-    dK and dV each staged in shared memory and added by one bulk reduce-add (UBLKRED), no per-element
-    reductions; both MMA warpgroups meet at barrier 10 before staging (256 threads) and WG1 syncs its
-    own staging on barrier 11; no spill; without ``grouped`` the option changes nothing."""
+def test_grouped_build_without_bulk_dkv_accumulates_dk_dv_per_element():
+    """``grouped=True, bulk_dkv=False``: the same MMAs; dK/dV added into fp32 accumulators, one
+    reduction per element of each warpgroup's 64 x 128 tile (64 per thread; none for the rows of
+    padded keys)."""
     from functools import partial
 
     from fastvideo_cute.compile_check import build_report
     from fastvideo_cute.kernels.cute import CuteKernelSpec
     from fastvideo_cute.kernels.cute.block_sparse_bwd64 import sm90_ws_main_kernel
 
-    spec = CuteKernelSpec(name=NAME + "_grouped_bulk", archs=("sm_90a",),
-                          make=partial(sm90_ws_main_kernel, grouped=True, bulk_dkv=True),
+    spec = CuteKernelSpec(name=NAME + "_grouped_redg", archs=("sm_90a",),
+                          make=partial(sm90_ws_main_kernel, grouped=True, bulk_dkv=False),
                           expect=("HGMMA", "UTMAREDG", "USETMAXREG"))
     report = build_report(spec, "sm_90a")
+    print(report.line)
+    assert report.ok and report.spill == 0, report.line
+    assert report.count("HGMMA") == 28
+    assert report.count("REDG.E.ADD.F32") == 2 * 64
+
+
+def test_grouped_build_adds_each_tile_by_one_bulk_reduction(kernel_report):
+    """``grouped=True`` (the registry's grouped build; ``bulk_dkv`` is the default, verified on the
+    H200): the same 28 wgmma; dK and dV each staged in shared memory and added by one bulk
+    reduce-add (UBLKRED), no per-element reductions; both MMA warpgroups meet at barrier 10 before
+    staging (256 threads) and WG1 syncs its own staging on barrier 11; no spill; without
+    ``grouped`` the option changes nothing."""
+    from fastvideo_cute.kernels.cute.block_sparse_bwd64 import sm90_ws_main_kernel
+
+    report = kernel_report(NAME + "_grouped", "sm_90a")
     print(report.line)
     assert report.ok and report.spill == 0, report.line
     assert report.count("HGMMA") == 28 and report.count("REDG") == 0

@@ -65,7 +65,8 @@ def test_bad_configuration_is_refused():
     assert cls("bfloat16", 128, k_stages=2, ctas_per_sm=2).config()["k_stages"] == 2
     assert cls("float16", 64, has_block_sizes=False).config() == {
         "dtype": "float16", "head_dim": 64, "has_block_sizes": False, "fuse_gate": False, "k_stages": 1,
-        "v_stages": 2, "ctas_per_sm": 3, "stmatrix_epilogue": False, "partial_loads": False}
+        "v_stages": 2, "ctas_per_sm": 3, "stmatrix_epilogue": False, "partial_loads": False,
+        "list_ahead2": False}
     with pytest.raises(ValueError, match="partial_loads"):
         cls("bfloat16", 128, k_stages=2, ctas_per_sm=2, partial_loads=True)
 

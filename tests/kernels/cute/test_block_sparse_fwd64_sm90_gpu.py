@@ -10,7 +10,8 @@ against ``gate_compose_reference`` of the reference branch (written before it ra
 first H200 run decides whether it holds; tolerance as the plain output's, the composition is
 rounded once). The reference cases run for the default build and for ``partial_loads`` (a partial
 kv tile's K and V loaded as 16-key pieces, only those holding a valid key; the rest of the slot
-keeps the previous tile's rows, which the mask must keep out).
+keeps the previous tile's rows, which the mask must keep out) and ``list_ahead2`` (the q2k list
+read two entries ahead).
 
 Tolerances: measured on the H200 (2026-12-01) max |out - ref| 1.3e-3 to 6.8e-3 (bf16 out: half an
 ulp at |out| ~ 2 is 7.8e-3), max |lse - ref| 9.5e-7; asserted at 1.6e-2 (bf16) / 2e-3 (fp16) for
@@ -31,7 +32,7 @@ from fastvideo_cute.adapters.cute_sm90_fwd64 import sm90_fwd64, sm90_fwd64_probl
 from fastvideo_cute.metadata import map_to_index  # noqa: E402
 
 OUT_TOL = {torch.bfloat16: 1.6e-2, torch.float16: 2e-3}
-VARIANTS = {"default": None, "partial_loads": {"partial_loads": True}}
+VARIANTS = {"default": None, "partial_loads": {"partial_loads": True}, "list_ahead2": {"list_ahead2": True}}
 
 
 @pytest.fixture(params=list(VARIANTS), ids=list(VARIANTS))

@@ -102,7 +102,7 @@ class BlockSparseFwd64Sm90(CuteKernel):
 
     def __init__(self, dtype: str = "bfloat16", head_dim: int = 128, *, has_block_sizes: bool = True,
                  fuse_gate: bool = False, k_stages: int = 1, v_stages: int = 2, ctas_per_sm: int = 3,
-                 stmatrix_epilogue: bool = False, partial_loads: bool = False):
+                 stmatrix_epilogue: bool = False, partial_loads: bool = False, list_ahead2: bool = False):
         if dtype not in DTYPE_NAMES:
             raise ValueError(f"dtype must be one of {DTYPE_NAMES}, got {dtype!r}")
         if head_dim not in HEAD_DIMS:
@@ -129,12 +129,14 @@ class BlockSparseFwd64Sm90(CuteKernel):
         self.ctas_per_sm = int(ctas_per_sm)
         self.stmatrix_epilogue = bool(stmatrix_epilogue)
         self.partial_loads = bool(partial_loads)
+        # the q2k list read two entries ahead (partial_loads always does: its loads need the size)
+        self.list_ahead2 = bool(list_ahead2) or self.partial_loads
 
     def config(self) -> Mapping[str, Any]:
         return {"dtype": self.dtype_name, "head_dim": self.head_dim, "has_block_sizes": self.has_block_sizes,
                 "fuse_gate": self.fuse_gate, "k_stages": self.k_stages, "v_stages": self.v_stages,
                 "ctas_per_sm": self.ctas_per_sm, "stmatrix_epilogue": self.stmatrix_epilogue,
-                "partial_loads": self.partial_loads}
+                "partial_loads": self.partial_loads, "list_ahead2": self.list_ahead2}
 
     def fake_args(self) -> tuple:
         dt = _CUTE_DTYPES[self.dtype_name]
@@ -378,7 +380,14 @@ class BlockSparseFwd64Sm90(CuteKernel):
                 n_next = gIdx[1]
             keys_cur = self.tile_keys(mSizes, n_cur, seqlen_k)
             keys_nxt = Int32(BLOCK)
-            if const_expr(self.partial_loads):  # read a step ahead: the loads of tile j need its size
+            n_nn = Int32(0)
+            if const_expr(self.list_ahead2):
+                # The list read two entries ahead: K[j + 1]'s issue (once S[j] retires) then waits
+                # on no load of step j (or, with partial_loads, on its size's only, not on the
+                # entry's load followed by its size's)
+                if count > 2:
+                    n_nn = gIdx[2]
+            if const_expr(self.partial_loads):
                 keys_nxt = self.tile_keys(mSizes, n_next, seqlen_k)
 
             # ---- step 0: S[0], no P V yet
@@ -398,17 +407,22 @@ class BlockSparseFwd64Sm90(CuteKernel):
             # ---- steps 1 .. count-1: S[j] in flight with P V[j-1]
             for j in cutlass.range(1, count, unroll=1):
                 n_cur = n_next
-                if j + 1 < count:
-                    n_next = gIdx[j + 1]
-                n_k = n_next  # K[j + ks]'s tile: read now, issued once S[j] retires
-                if const_expr(ks > 1):
-                    if j + ks < count:
-                        n_k = gIdx[j + ks]
+                if const_expr(self.list_ahead2):
+                    n_next = n_nn
+                    if j + 2 < count:
+                        n_nn = gIdx[j + 2]
+                else:
+                    if j + 1 < count:
+                        n_next = gIdx[j + 1]
                 if const_expr(self.partial_loads):
                     keys_cur = keys_nxt
                     keys_nxt = self.tile_keys(mSizes, n_next, seqlen_k)
                 else:
                     keys_cur = self.tile_keys(mSizes, n_cur, seqlen_k)
+                n_k = n_next  # K[j + ks]'s tile: read now, issued once S[j] retires
+                if const_expr(ks > 1):
+                    if j + ks < count:
+                        n_k = gIdx[j + ks]
                 if warp_idx == 0 and j + vs - 2 < count:  # V[j + vs - 2]
                     if const_expr(self.partial_loads):
                         self.load_v(tma_atom_V, tVgV, tVsV, kv16, bar_v, tx["v"], j % vs, n_cur, keys_cur)
