@@ -38,24 +38,19 @@ _VARIANT_KEYS = {"k": "k_stages", "v": "v_stages", "c": "ctas_per_sm"}
 
 
 def parse_variant(spec: str) -> dict:
-    """``"k2v3c2st"`` -> k_stages=2, v_stages=3, ctas_per_sm=2, stmatrix_epilogue=True, a trailing
-    ``p`` -> partial_loads=True, ``a`` -> list_ahead2=True (the kernel's defaults for what is left out; ``"base"`` is the
+    """``"k2v3c2st"`` -> k_stages=2, v_stages=3, ctas_per_sm=2, stmatrix_epilogue=True (the kernel's defaults for what is left out; ``"base"`` is the
     default pipeline)."""
     import re
 
     out, rest = {}, spec
     if rest == "base":
         return out
-    if rest.endswith("p"):  # partial kv tiles loaded as 16-key pieces (and the list read two ahead)
-        out["partial_loads"], rest = True, rest[:-1]
-    if rest.endswith("a"):  # the list read two entries ahead
-        out["list_ahead2"], rest = True, rest[:-1]
     if rest.endswith("st"):
         out["stmatrix_epilogue"], rest = True, rest[:-2]
     for key, val in re.findall(r"([kvc])(\d)", rest):
         out[_VARIANT_KEYS[key]] = int(val)
     if re.sub(r"[kvc]\d", "", rest):
-        raise SystemExit(f"bad --variants entry {spec!r} (e.g. k2v3c2st, p, base)")
+        raise SystemExit(f"bad --variants entry {spec!r} (e.g. k2v3c2st, base)")
     return out
 
 

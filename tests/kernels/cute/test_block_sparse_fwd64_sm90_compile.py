@@ -65,10 +65,7 @@ def test_bad_configuration_is_refused():
     assert cls("bfloat16", 128, k_stages=2, ctas_per_sm=2).config()["k_stages"] == 2
     assert cls("float16", 64, has_block_sizes=False).config() == {
         "dtype": "float16", "head_dim": 64, "has_block_sizes": False, "fuse_gate": False, "k_stages": 1,
-        "v_stages": 2, "ctas_per_sm": 3, "stmatrix_epilogue": False, "partial_loads": False,
-        "list_ahead2": False}
-    with pytest.raises(ValueError, match="partial_loads"):
-        cls("bfloat16", 128, k_stages=2, ctas_per_sm=2, partial_loads=True)
+        "v_stages": 2, "ctas_per_sm": 3, "stmatrix_epilogue": False}
 
 
 def test_predicate_refuses_cpu_tensors_with_a_reason():
@@ -121,28 +118,3 @@ def test_pipeline_variants_compile(pipeline):
         assert report.count("UTMALDG") > 12, report.line
     if pipeline.get("stmatrix_epilogue"):
         assert report.count("STSM") > 0, report.line
-
-
-@pytest.mark.parametrize("fuse_gate", [False, True], ids=["plain", "gate"])
-def test_partial_loads_compile(fuse_gate):
-    """``partial_loads``: a partial kv tile's K and V come as 16-key x 64-column TMA pieces, only
-    those that hold a valid key. Same registers as the whole-tile build (measured
-    nvidia-cutlass-dsl 4.8.1: 138 plain, 167 with the gate), no spill, and the piece loads are
-    their own issue sites: 4 pieces x 2 column halves for K at two sites and for V at one, 24 more
-    UTMALDG than the build without them."""
-    from functools import partial
-
-    from fastvideo_cute.kernels.cute import CuteKernelSpec
-    from fastvideo_cute.kernels.cute.block_sparse_fwd64 import sm90_kernel
-
-    def build(**kw):
-        spec = CuteKernelSpec(name="block_sparse_fwd64_sm90_partial", archs=("sm_90a",),
-                              make=partial(sm90_kernel, fuse_gate=fuse_gate, **kw), expect=("HGMMA", "UTMALDG"),
-                              forbid=("HMMA", "UTCHMMA"))
-        return build_report(spec, "sm_90a")
-
-    whole, pieces = build(), build(partial_loads=True)
-    print(pieces.line)
-    assert pieces.ok and pieces.spill == 0, pieces.line
-    assert pieces.regs <= 168, pieces.line
-    assert pieces.count("UTMALDG") == whole.count("UTMALDG") + 24, (whole.line, pieces.line)

@@ -8,10 +8,8 @@ padded V (must not leak), a NaN in a visible q row (NaN out and LSE), fp16 and b
 and 128, with and without sizes; and a 65,536-token run-to-run check (bitwise equal). The fused-gate epilogue (``gate=``, ``out_c=``)
 against ``gate_compose_reference`` of the reference branch (written before it ran on a GPU: the
 first H200 run decides whether it holds; tolerance as the plain output's, the composition is
-rounded once). The reference cases run for the default build and for ``partial_loads`` (a partial
-kv tile's K and V loaded as 16-key pieces, only those holding a valid key; the rest of the slot
-keeps the previous tile's rows, which the mask must keep out) and ``list_ahead2`` (the q2k list
-read two entries ahead).
+rounded once). A case with every kv tile a random size in [0, 64] refills the K/V slots with
+tiles of every size one after another.
 
 Tolerances: measured on the H200 (2026-12-01) max |out - ref| 1.3e-3 to 6.8e-3 (bf16 out: half an
 ulp at |out| ~ 2 is 7.8e-3), max |lse - ref| 9.5e-7; asserted at 1.6e-2 (bf16) / 2e-3 (fp16) for
@@ -32,12 +30,6 @@ from fastvideo_cute.adapters.cute_sm90_fwd64 import sm90_fwd64, sm90_fwd64_probl
 from fastvideo_cute.metadata import map_to_index  # noqa: E402
 
 OUT_TOL = {torch.bfloat16: 1.6e-2, torch.float16: 2e-3}
-VARIANTS = {"default": None, "partial_loads": {"partial_loads": True}, "list_ahead2": {"list_ahead2": True}}
-
-
-@pytest.fixture(params=list(VARIANTS), ids=list(VARIANTS))
-def variant(request):
-    return VARIANTS[request.param]
 
 
 def _case(bshd, B, H, SQ, SK, D, dtype, sizes_vals, seed=0):
@@ -63,11 +55,11 @@ def _poison_padding(x, sizes, bshd, value):
         x[:, :, pad] = value
 
 
-def _run(q, k, v, bm, sizes, bshd, with_sizes=True, variant=None):
+def _run(q, k, v, bm, sizes, bshd, with_sizes=True):
     assert sm90_fwd64_problems(q, k, v, bshd=bshd) is None
     idx, num = map_to_index(bm)
     return sm90_fwd64(q, k, v, idx.to(torch.int32).contiguous(), num.to(torch.int32).contiguous(),
-                      sizes if with_sizes else None, bshd=bshd, variant=variant)
+                      sizes if with_sizes else None, bshd=bshd)
 
 
 def _bhsd(x, bshd):
@@ -78,12 +70,12 @@ def _bhsd(x, bshd):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("shape", [(2, 3, 1024, 1024, 128), (1, 2, 512, 1280, 128), (2, 2, 768, 768, 64)],
                          ids=["B2-square", "q_ne_kv", "d64"])
-def test_matches_reference_with_poisoned_padding(bshd, dtype, shape, variant):
+def test_matches_reference_with_poisoned_padding(bshd, dtype, shape):
     B, H, SQ, SK, D = shape
     q, k, v, bm, sizes = _case(bshd, B, H, SQ, SK, D, dtype, {2: 0, 5: 17, 6: 16, 7: 32, SK // 64 - 1: 41})
     _poison_padding(k, sizes, bshd, float("nan"))
     _poison_padding(v, sizes, bshd, float("inf"))
-    out, lse = _run(q, k, v, bm, sizes, bshd, variant=variant)
+    out, lse = _run(q, k, v, bm, sizes, bshd)
     ro, rl = reference.block_sparse_attn_reference(*(_bhsd(t, bshd).float() for t in (q, k, v)), bm, sizes, 64)
     o = _bhsd(out, bshd).float()
     assert torch.isfinite(o).all()
@@ -96,9 +88,9 @@ def test_matches_reference_with_poisoned_padding(bshd, dtype, shape, variant):
 
 
 @pytest.mark.parametrize("bshd", [False, True], ids=["bhsd", "bshd"])
-def test_random_sizes_every_tile_poisoned(bshd, variant):
-    """Every kv tile a random size in [0, 64] and half of them selected per row, so slots are
-    refilled by tiles of every size one after another (the stale rows ``partial_loads`` leaves)."""
+def test_random_sizes_every_tile_poisoned(bshd):
+    """Every kv tile a random size in [0, 64] and about half of them selected per row, so the
+    slots are refilled by tiles of every size one after another."""
     B, H, SQ, SK, D = 1, 2, 1024, 2048, 128
     q, k, v, bm, sizes = _case(bshd, B, H, SQ, SK, D, torch.bfloat16, {}, seed=7)
     g = torch.Generator(device="cuda").manual_seed(8)
@@ -107,7 +99,7 @@ def test_random_sizes_every_tile_poisoned(bshd, variant):
     bm[0, 0, 1] = False
     _poison_padding(k, sizes, bshd, float("nan"))
     _poison_padding(v, sizes, bshd, float("inf"))
-    out, lse = _run(q, k, v, bm, sizes, bshd, variant=variant)
+    out, lse = _run(q, k, v, bm, sizes, bshd)
     ro, rl = reference.block_sparse_attn_reference(*(_bhsd(t, bshd).float() for t in (q, k, v)), bm, sizes, 64)
     o = _bhsd(out, bshd).float()
     assert torch.isfinite(o).all()
@@ -152,7 +144,7 @@ def test_65536_tokens_run_to_run_bitwise():
 
 
 @pytest.mark.parametrize("bshd", [False, True], ids=["bhsd", "bshd"])
-def test_fused_gate_matches_reference(bshd, variant):
+def test_fused_gate_matches_reference(bshd):
     q, k, v, bm, sizes = _case(bshd, 2, 2, 512, 512, 128, torch.bfloat16, {2: 0, 5: 17, 7: 32})
     _poison_padding(v, sizes, bshd, float("inf"))
     g = torch.Generator(device="cuda").manual_seed(5)
@@ -161,7 +153,7 @@ def test_fused_gate_matches_reference(bshd, variant):
     assert sm90_fwd64_problems(q, k, v, bshd=bshd) is None
     idx, num = map_to_index(bm)
     out, lse = sm90_fwd64(q, k, v, idx.to(torch.int32).contiguous(), num.to(torch.int32).contiguous(), sizes,
-                          bshd=bshd, gate=gate, out_c=out_c, variant=variant)
+                          bshd=bshd, gate=gate, out_c=out_c)
     ro, rl = reference.block_sparse_attn_reference(*(_bhsd(t, bshd).float() for t in (q, k, v)), bm, sizes, 64)
     want = reference.gate_compose_reference(ro, out_c, _bhsd(gate, bshd), 64)
     got = _bhsd(out, bshd).float()

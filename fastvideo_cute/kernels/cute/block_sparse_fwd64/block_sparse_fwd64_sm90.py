@@ -102,7 +102,7 @@ class BlockSparseFwd64Sm90(CuteKernel):
 
     def __init__(self, dtype: str = "bfloat16", head_dim: int = 128, *, has_block_sizes: bool = True,
                  fuse_gate: bool = False, k_stages: int = 1, v_stages: int = 2, ctas_per_sm: int = 3,
-                 stmatrix_epilogue: bool = False, partial_loads: bool = False, list_ahead2: bool = False):
+                 stmatrix_epilogue: bool = False):
         if dtype not in DTYPE_NAMES:
             raise ValueError(f"dtype must be one of {DTYPE_NAMES}, got {dtype!r}")
         if head_dim not in HEAD_DIMS:
@@ -113,9 +113,6 @@ class BlockSparseFwd64Sm90(CuteKernel):
             raise ValueError(f"v_stages must be 2 or 3, got {v_stages!r}")
         if ctas_per_sm not in (1, 2, 3):
             raise ValueError(f"ctas_per_sm must be 1, 2 or 3, got {ctas_per_sm!r}")
-        if partial_loads and (k_stages, v_stages) != (1, 2):
-            raise ValueError(f"partial_loads needs the default rings (k_stages=1, v_stages=2), got "
-                             f"k_stages={k_stages}, v_stages={v_stages}")
         need = ctas_per_sm * (smem_bytes(head_dim, k_stages, v_stages) + SMEM_RESERVED_PER_CTA)
         if need > SMEM_PER_SM:
             raise ValueError(f"k_stages={k_stages}, v_stages={v_stages} at head_dim {head_dim} need {need} B of "
@@ -128,15 +125,11 @@ class BlockSparseFwd64Sm90(CuteKernel):
         self.v_stages = int(v_stages)
         self.ctas_per_sm = int(ctas_per_sm)
         self.stmatrix_epilogue = bool(stmatrix_epilogue)
-        self.partial_loads = bool(partial_loads)
-        # the q2k list read two entries ahead (partial_loads always does: its loads need the size)
-        self.list_ahead2 = bool(list_ahead2) or self.partial_loads
 
     def config(self) -> Mapping[str, Any]:
         return {"dtype": self.dtype_name, "head_dim": self.head_dim, "has_block_sizes": self.has_block_sizes,
                 "fuse_gate": self.fuse_gate, "k_stages": self.k_stages, "v_stages": self.v_stages,
-                "ctas_per_sm": self.ctas_per_sm, "stmatrix_epilogue": self.stmatrix_epilogue,
-                "partial_loads": self.partial_loads, "list_ahead2": self.list_ahead2}
+                "ctas_per_sm": self.ctas_per_sm, "stmatrix_epilogue": self.stmatrix_epilogue}
 
     def fake_args(self) -> tuple:
         dt = _CUTE_DTYPES[self.dtype_name]
@@ -191,14 +184,6 @@ class BlockSparseFwd64Sm90(CuteKernel):
         else:
             tma_atom_G, tma_G = tma_atom_K, tma_K  # placeholders, never used
         out_c = mOutC if const_expr(self.fuse_gate) else mNum
-        if const_expr(self.partial_loads):  # 16-key pieces (x 64 columns) of K and V, for partial tiles
-            hd = min(d, 64)
-            sK_piece = cute.tile_to_shape(k_atom, (PV_STEP, hd), order=(0, 1))
-            sV_piece = cute.tile_to_shape(mn_atom, (hd, PV_STEP), order=(1, 0))
-            tma_atom_K16, tma_K16 = cpasync.make_tiled_tma_atom(g2s, mK, sK_piece, (PV_STEP, hd))
-            tma_atom_V16, tma_V16 = cpasync.make_tiled_tma_atom(g2s, mV, sV_piece, (hd, PV_STEP))
-        else:
-            tma_atom_K16, tma_K16, tma_atom_V16, tma_V16 = tma_atom_K, tma_K, tma_atom_V, tma_V  # never used
 
         mma_qk = sm90_helpers.make_trivial_tiled_mma(dt, dt, OperandMajorMode.K, OperandMajorMode.K, Float32,
                                                      (1, 1, 1), tiler_mn=(BLOCK, BLOCK))
@@ -220,7 +205,7 @@ class BlockSparseFwd64Sm90(CuteKernel):
         sizes = mSizes if const_expr(self.has_block_sizes) else mNum  # a placeholder never read
         self.kernel(
             tma_atom_Q, tma_Q, tma_atom_K, tma_K, tma_atom_V, tma_V, tma_atom_O, tma_O, tma_atom_G, tma_G, out_c,
-            tma_atom_K16, tma_K16, tma_atom_V16, tma_V16, mLSE, mIdx, mNum, sizes,
+            mLSE, mIdx, mNum, sizes,
             sQ_layout, sK_layout, sV_layout, mma_qk, mma_pv, scale_log2, SharedStorage,
         ).launch(grid=grid, block=(THREADS, 1, 1), smem=SharedStorage.size_in_bytes(), stream=stream,
                  # three CTAs per SM: ptxas caps a thread at 65536 / 384 registers; the full
@@ -263,9 +248,7 @@ class BlockSparseFwd64Sm90(CuteKernel):
     @cute.kernel
     def kernel(self, tma_atom_Q: cute.CopyAtom, mQ: cute.Tensor, tma_atom_K: cute.CopyAtom, mK: cute.Tensor,
                tma_atom_V: cute.CopyAtom, mV: cute.Tensor, tma_atom_O: cute.CopyAtom, mO: cute.Tensor,
-               tma_atom_G: cute.CopyAtom, mG: cute.Tensor, mOutC: cute.Tensor,
-               tma_atom_K16: cute.CopyAtom, mK16: cute.Tensor, tma_atom_V16: cute.CopyAtom, mV16: cute.Tensor,
-               mLSE: cute.Tensor, mIdx: cute.Tensor, mNum: cute.Tensor, mSizes,
+               tma_atom_G: cute.CopyAtom, mG: cute.Tensor, mOutC: cute.Tensor, mLSE: cute.Tensor, mIdx: cute.Tensor, mNum: cute.Tensor, mSizes,
                sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout, sV_layout: cute.ComposedLayout,
                mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, scale_log2: Float32,
                SharedStorage: cutlass.Constexpr):
@@ -290,9 +273,6 @@ class BlockSparseFwd64Sm90(CuteKernel):
         if warp_idx == 0:
             for atom in (tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_O):
                 cpasync.prefetch_descriptor(atom)
-            if const_expr(self.partial_loads):
-                cpasync.prefetch_descriptor(tma_atom_K16)
-                cpasync.prefetch_descriptor(tma_atom_V16)
             if const_expr(self.fuse_gate):
                 cpasync.prefetch_descriptor(tma_atom_G)
 
@@ -316,21 +296,6 @@ class BlockSparseFwd64Sm90(CuteKernel):
         tQsQ, tQgQ = cpasync.tma_partition(tma_atom_Q, 0, unit, cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2))
         tKsK, tKgK = cpasync.tma_partition(tma_atom_K, 0, unit, cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2))
         tVsV, tVgV = cpasync.tma_partition(tma_atom_V, 0, unit, cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2))
-        kv16 = None
-        if const_expr(self.partial_loads):
-            # 16-key x 64-column pieces: K (16, 64, key pieces, column halves[, slot]), V (64, 16,
-            # column halves, key pieces[, slot]); each piece 2 KB of smem at a 1 KB-aligned offset of
-            # its slot, so the 128-byte swizzle lands as the whole tile's load would place it
-            hd = min(d, 64)
-            sK16 = cute.flat_divide(sK, (PV_STEP, hd))
-            gK16 = cute.flat_divide(mK16[None, None, h, b], (PV_STEP, hd))
-            sV16 = cute.flat_divide(sV, (hd, PV_STEP))
-            gV16 = cute.flat_divide(mV16[None, None, h, b], (hd, PV_STEP))
-            tK16s, tK16g = cpasync.tma_partition(tma_atom_K16, 0, unit, cute.group_modes(sK16, 0, 2),
-                                                 cute.group_modes(gK16, 0, 2))
-            tV16s, tV16g = cpasync.tma_partition(tma_atom_V16, 0, unit, cute.group_modes(sV16, 0, 2),
-                                                 cute.group_modes(gV16, 0, 2))
-            kv16 = (tma_atom_K16, tK16g, tK16s, tma_atom_V16, tV16g, tV16s)
 
         thr_qk = mma_qk.get_slice(tidx)
         thr_pv = mma_pv.get_slice(tidx)
@@ -379,16 +344,6 @@ class BlockSparseFwd64Sm90(CuteKernel):
             if count > 1:
                 n_next = gIdx[1]
             keys_cur = self.tile_keys(mSizes, n_cur, seqlen_k)
-            keys_nxt = Int32(BLOCK)
-            n_nn = Int32(0)
-            if const_expr(self.list_ahead2):
-                # The list read two entries ahead: K[j + 1]'s issue (once S[j] retires) then waits
-                # on no load of step j (or, with partial_loads, on its size's only, not on the
-                # entry's load followed by its size's)
-                if count > 2:
-                    n_nn = gIdx[2]
-            if const_expr(self.partial_loads):
-                keys_nxt = self.tile_keys(mSizes, n_next, seqlen_k)
 
             # ---- step 0: S[0], no P V yet
             bar_k.wait(0, 0)
@@ -396,10 +351,7 @@ class BlockSparseFwd64Sm90(CuteKernel):
             self.gemm(mma_qk, acc_S, tSrQ, tSrK[None, None, None, 0], zero_init=True)
             warpgroup.wait_group(0)
             if warp_idx == 0 and ks < count:  # K[ks] into the slot S[0] freed
-                if const_expr(self.partial_loads):
-                    self.load_k(tma_atom_K, tKgK, tKsK, kv16, bar_k, tx["k"], 0, n_next, keys_nxt)
-                else:
-                    self.load_tile(tma_atom_K, tKgK, tKsK, bar_k, tx["k"], 0, n_next if const_expr(ks == 1) else gIdx[ks])
+                self.load_tile(tma_atom_K, tKgK, tKsK, bar_k, tx["k"], 0, n_next if const_expr(ks == 1) else gIdx[ks])
             self.softmax(acc_S, acc_S_mn, tScS, keys_cur, row_max, row_sum, alpha, scale_log2)
             rP.store(tP_view.load().to(dt))
             keys_prev = keys_cur
@@ -407,28 +359,15 @@ class BlockSparseFwd64Sm90(CuteKernel):
             # ---- steps 1 .. count-1: S[j] in flight with P V[j-1]
             for j in cutlass.range(1, count, unroll=1):
                 n_cur = n_next
-                if const_expr(self.list_ahead2):
-                    n_next = n_nn
-                    if j + 2 < count:
-                        n_nn = gIdx[j + 2]
-                else:
-                    if j + 1 < count:
-                        n_next = gIdx[j + 1]
-                if const_expr(self.partial_loads):
-                    keys_cur = keys_nxt
-                    keys_nxt = self.tile_keys(mSizes, n_next, seqlen_k)
-                else:
-                    keys_cur = self.tile_keys(mSizes, n_cur, seqlen_k)
+                if j + 1 < count:
+                    n_next = gIdx[j + 1]
                 n_k = n_next  # K[j + ks]'s tile: read now, issued once S[j] retires
                 if const_expr(ks > 1):
                     if j + ks < count:
                         n_k = gIdx[j + ks]
+                keys_cur = self.tile_keys(mSizes, n_cur, seqlen_k)
                 if warp_idx == 0 and j + vs - 2 < count:  # V[j + vs - 2]
-                    if const_expr(self.partial_loads):
-                        self.load_v(tma_atom_V, tVgV, tVsV, kv16, bar_v, tx["v"], j % vs, n_cur, keys_cur)
-                    else:
-                        self.load_tile(tma_atom_V, tVgV, tVsV, bar_v, tx["v"], (j + vs - 2) % vs,
-                                       n_cur if const_expr(vs == 2) else n_next)
+                    self.load_tile(tma_atom_V, tVgV, tVsV, bar_v, tx["v"], (j + vs - 2) % vs, n_cur if const_expr(vs == 2) else n_next)
                 k_slot = j % ks
                 bar_k.wait(k_slot, (j // ks) % 2)
                 self.gemm(mma_qk, acc_S, tSrQ, tSrK[None, None, None, k_slot], zero_init=True)
@@ -440,10 +379,7 @@ class BlockSparseFwd64Sm90(CuteKernel):
                 self.gemm_pv(mma_pv, acc_O, rP, tOrV[None, None, None, prev], keys_prev)
                 warpgroup.wait_group(1)  # S[j] retired; P V[j-1] may still run
                 if warp_idx == 0 and j + ks < count:
-                    if const_expr(self.partial_loads):
-                        self.load_k(tma_atom_K, tKgK, tKsK, kv16, bar_k, tx["k"], k_slot, n_k, keys_nxt)
-                    else:
-                        self.load_tile(tma_atom_K, tKgK, tKsK, bar_k, tx["k"], k_slot, n_k)
+                    self.load_tile(tma_atom_K, tKgK, tKsK, bar_k, tx["k"], k_slot, n_k)
                 self.softmax(acc_S, acc_S_mn, tScS, keys_cur, row_max, row_sum, alpha, scale_log2)
                 warpgroup.wait_group(0)  # P V[j-1] retired: P's registers are free
                 rP.store(tP_view.load().to(dt))
@@ -520,41 +456,6 @@ class BlockSparseFwd64Sm90(CuteKernel):
         """(warp 0) kv tile ``n`` into ring slot ``slot``, on that slot's transaction barrier."""
         bar.arrive_and_expect_tx(slot, tx_bytes)
         cute.copy(tma_atom, tXgX[None, n], tXsX[None, slot], tma_bar_ptr=bar.get_barrier(slot))
-
-    @cute.jit
-    def load_k(self, tma_atom_K, tKgK, tKsK, kv16, bar, tx_bytes: cutlass.Constexpr, slot: Int32, n: Int32,
-               keys: Int32):
-        """(warp 0, ``partial_loads``) K tile ``n`` into ``slot``: whole when full, else only the
-        16-key pieces that hold a valid key (the rest of the slot keeps stale rows, which the key mask
-        selects away), so a partial tile moves only its valid pieces through the L2."""
-        if keys == BLOCK:
-            self.load_tile(tma_atom_K, tKgK, tKsK, bar, tx_bytes, slot, n)
-        else:
-            atom, tg, ts = kv16[0], kv16[1], kv16[2]
-            pieces = (keys + PV_STEP - 1) // PV_STEP
-            bar.arrive_and_expect_tx(slot, pieces * (tx_bytes // (BLOCK // PV_STEP)))
-            for c in cutlass.range_constexpr(BLOCK // PV_STEP):
-                if c < pieces:
-                    for hh in cutlass.range_constexpr(cute.size(ts, mode=[2])):
-                        cute.copy(atom, tg[None, n * (BLOCK // PV_STEP) + c, hh], ts[None, c, hh, slot],
-                                  tma_bar_ptr=bar.get_barrier(slot))
-
-    @cute.jit
-    def load_v(self, tma_atom_V, tVgV, tVsV, kv16, bar, tx_bytes: cutlass.Constexpr, slot: Int32, n: Int32,
-               keys: Int32):
-        """(warp 0, ``partial_loads``) V tile ``n`` into ``slot``, as :meth:`load_k` (the P V steps past
-        ``ceil16(keys)`` are not issued, so the pieces not loaded are never read)."""
-        if keys == BLOCK:
-            self.load_tile(tma_atom_V, tVgV, tVsV, bar, tx_bytes, slot, n)
-        else:
-            atom, tg, ts = kv16[3], kv16[4], kv16[5]
-            pieces = (keys + PV_STEP - 1) // PV_STEP
-            bar.arrive_and_expect_tx(slot, pieces * (tx_bytes // (BLOCK // PV_STEP)))
-            for c in cutlass.range_constexpr(BLOCK // PV_STEP):
-                if c < pieces:
-                    for hh in cutlass.range_constexpr(cute.size(ts, mode=[1])):
-                        cute.copy(atom, tg[None, hh, n * (BLOCK // PV_STEP) + c], ts[None, hh, c, slot],
-                                  tma_bar_ptr=bar.get_barrier(slot))
 
     @cute.jit
     def load_gate(self, tma_atom_G, mG: cute.Tensor, sK: cute.Tensor, bar_k, tx_bytes: cutlass.Constexpr,
