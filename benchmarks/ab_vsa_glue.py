@@ -34,6 +34,10 @@ CONFIGS = {
     "onepass": {"_COARSE_VARIANT": "onepass"},
     "p1-128x128w8": {"_COARSE_PHASE_TILES": ((128, 128, None, 8), None)},
     "p2-16x32d128w2": {"_COARSE_PHASE_TILES": (None, (16, 32, 128, 2, 3))},
+    # head groups of the gated inference forward (vsa_pipeline): glue beside the previous group's sparse kernel
+    "groups2": {"_GATED_HEAD_GROUPS": 2},
+    "groups3": {"_GATED_HEAD_GROUPS": 3},
+    "groups4": {"_GATED_HEAD_GROUPS": 4},
 }
 # Measured and dropped (benchmarks/results/ab_vsa_glue_h200_v1.json, glue_h200_v7.json): phase 1
 # walking head_dim in 32- or 64-lane chunks (a D loop with pipelined loads) gave the same kernel

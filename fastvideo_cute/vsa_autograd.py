@@ -41,10 +41,10 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from . import ops, vsa_ops
+from . import ops, vsa_ops, vsa_pipeline
 from .backends import BACKENDS
 from .routes import ROUTE_SEP
-from .validation import has_partial_blocks
+from .validation import check_sizes_range, has_partial_blocks
 
 __all__ = ["video_sparse_attn_fn"]
 
@@ -103,6 +103,16 @@ class _VideoSparseAttn(torch.autograd.Function):
     def forward(ctx, slots, topk: int, block: int, bshd: bool, sm_scale: float, route: str, range_checked: bool,
                 need_grad: bool, *uniq: Tensor) -> Tensor:
         q, k, v, gate, q_sizes, kv_sizes = (uniq[i] if i >= 0 else None for i in slots)
+        if gate is not None and not need_grad and _fuses_gate(route):
+            groups = vsa_pipeline.pipelined_groups(q, bshd)
+            if groups > 1:  # the glue of one head group beside the sparse kernel of the one before
+                if not range_checked:
+                    check_sizes_range(q_sizes, block, "q_variable_block_sizes")
+                    check_sizes_range(kv_sizes, block, "variable_block_sizes")
+                ctx.slots, ctx.n_uniq, ctx.clean_kv = slots, len(uniq), False
+                ctx.block, ctx.bshd, ctx.sm_scale, ctx.route = block, bshd, sm_scale, route
+                return vsa_pipeline.gated_forward_pipelined(q, k, v, gate, q_sizes, kv_sizes, topk=topk, block=block,
+                                                            bshd=bshd, sm_scale=sm_scale, route=route, groups=groups)
         clean_v, clean_k = _clean_plan(route, kv_sizes, block, need_grad)
         k_run, v_run = k, v
         if clean_v:

@@ -102,6 +102,9 @@ _COARSE_OVERLAP = True
 _COARSE_PHASE_TILES = None
 _COMPRESS_CONFIG = {"mode": "split", "num_warps": 1, "evict_first": True}
 _GATE_CONFIG = {"num_warps": 8}
+# Head groups of a gated inference forward on a route that fuses the gate (sm90): the glue of
+# group g + 1 on a second stream beside the sparse kernel of group g (vsa_pipeline); 1 = off.
+_GATED_HEAD_GROUPS = 1
 
 
 def _coarse_precision(x: Tensor) -> str:

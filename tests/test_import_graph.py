@@ -18,7 +18,7 @@ LAYERS = [
     (3, ("adapters",)),
     (4, ("backends",)),
     (5, ("routes", "route_table")),
-    (6, ("ops", "vsa_ops", "vsa_autograd")),
+    (6, ("ops", "vsa_ops", "vsa_pipeline", "vsa_autograd")),
     (7, ("api",)),
     (8, ("api_indices", "varlen", "compat", "distributed")),
     (9, ("__init__",)),

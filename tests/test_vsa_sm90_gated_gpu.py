@@ -180,3 +180,58 @@ def test_cuda_graph_capture_of_gated_inference(monkeypatch, bshd):
     assert torch.isfinite(captured).all()
     assert torch.equal(captured, eager)
     assert _nerr(captured, _reference(new, sizes, bshd)) < OUT_TOL
+
+
+@pytest.mark.parametrize("groups", [2, 3])
+@pytest.mark.parametrize("bshd", [False, True], ids=["bhsd", "bshd"])
+def test_head_groups_equal_the_unsplit_call(monkeypatch, bshd, groups):
+    """``vsa_ops._GATED_HEAD_GROUPS`` (``vsa_pipeline``): the glue of each head group beside the
+    previous group's sparse kernel gives the unsplit call's output bit for bit (per head the same
+    kernels on the same inputs), one fused-gate sparse launch per group, no gate pass."""
+    tensors, sizes = _case(bshd, seed=11)
+    with torch.no_grad():
+        whole = _call(tensors, sizes, bshd)
+    seen = _spy(monkeypatch)
+    monkeypatch.setattr(vsa_ops, "_GATED_HEAD_GROUPS", groups)
+    before = ops.dispatch_counts.copy()
+    with torch.no_grad():
+        split = _call(tensors, sizes, bshd)
+    torch.cuda.synchronize()
+    assert _ran(before) == {("sm90", "fwd"): groups}
+    assert seen == {"gated": groups, "gate_pass": 0}
+    assert split.shape == whole.shape and split.is_contiguous()
+    assert torch.equal(split, whole)
+    assert _nerr(split, _reference(tensors, sizes, bshd)) < OUT_TOL
+
+
+@pytest.mark.parametrize("bshd", [False, True], ids=["bhsd", "bshd"])
+def test_head_groups_under_cuda_graph_capture_and_compile(monkeypatch, bshd):
+    """Captured with head groups (the glue stream forks from and joins the capturing stream): a
+    replay on new inputs equals the eager unsplit call on them, bit for bit; under torch.compile
+    the call is not split (traced as one) and equals it too."""
+    monkeypatch.setattr(vsa_ops, "_GATED_HEAD_GROUPS", 2)
+    tensors, sizes = _case(bshd, seed=13)
+    static = [x.clone() for x in tensors]
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.no_grad(), torch.cuda.stream(side):
+        for _ in range(2):
+            _call(static, sizes, bshd)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.no_grad(), torch.cuda.graph(graph):
+        captured = _call(static, sizes, bshd)
+    new, _ = _case(bshd, seed=14)
+    for s, x in zip(static, new):
+        s.copy_(x)
+    graph.replay()
+    torch.cuda.synchronize()
+    monkeypatch.setattr(vsa_ops, "_GATED_HEAD_GROUPS", 1)
+    with torch.no_grad():
+        eager = _call(new, sizes, bshd)
+    assert torch.equal(captured, eager)
+    torch._dynamo.reset()
+    monkeypatch.setattr(vsa_ops, "_GATED_HEAD_GROUPS", 2)
+    with torch.no_grad():
+        compiled = torch.compile(lambda *xs: _call(xs, sizes, bshd), fullgraph=True)(*new)
+    assert torch.equal(compiled, eager)

@@ -104,7 +104,8 @@ def sm90_fwd64(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q2k_idx: torch
                block_sizes: Optional[torch.Tensor], *, bshd: bool, softmax_scale: Optional[float] = None,
                gate: Optional[torch.Tensor] = None,
                out_c: Optional[torch.Tensor] = None,
-               variant: Optional[Dict[str, Any]] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+               variant: Optional[Dict[str, Any]] = None,
+               out: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     """Our sm_90a 64-token forward: ``(out, lse)`` (module docstring). The call must pass
     :func:`sm90_fwd64_problems`; the lists are int32 and contiguous.
 
@@ -116,12 +117,23 @@ def sm90_fwd64(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q2k_idx: torch
 
     ``variant``: the kernel's pipeline configuration (``k_stages``, ``v_stages``, ``ctas_per_sm``,
     ``stmatrix_epilogue`` of ``BlockSparseFwd64Sm90``), for the benchmark's sweep; None is the
-    kernel's default."""
+    kernel's default.
+
+    ``out``: where the output goes (q's shape, dtype and layout, any strides that pass
+    :func:`tma_problem`, e.g. a head slice of a bigger tensor); None allocates it."""
     if (gate is None) != (out_c is None):
         raise ValueError("gate and out_c are given together or not at all")
     d = q.shape[3]
     fn = _kernel_fn(q.dtype, d, block_sizes is not None, gate is not None, tuple(sorted((variant or {}).items())))
-    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    if out is None:
+        out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    else:
+        if out.shape != q.shape or out.dtype != q.dtype or out.device != q.device:
+            raise ValueError(f"sm90_fwd64: out must have q's shape, dtype and device {tuple(q.shape)}, {q.dtype}, "
+                             f"{q.device}; got {tuple(out.shape)}, {out.dtype}, {out.device}")
+        problem = tma_problem("out", out)
+        if problem is not None:
+            raise ValueError(f"sm90_fwd64: {problem}")
     b, h, sq, qko, vp = permutations(q.shape, bshd)  # -> (S, D, H, B) / (D, S, H, B)
     lse = torch.empty((b, h, sq), dtype=torch.float32, device=q.device)
     scale = 1.0 / math.sqrt(d) if softmax_scale is None else float(softmax_scale)

@@ -93,7 +93,8 @@ class Sm90Backend:
         return {"fwd": basic_key(self.name, call, "fwd", _BLOCK, detail)}
 
     def _run(self, q, k, v, sparsity, kv_block_sizes, block_size: int, bshd: bool, sm_scale: float,
-             gate: Optional[torch.Tensor] = None, out_c: Optional[torch.Tensor] = None):
+             gate: Optional[torch.Tensor] = None, out_c: Optional[torch.Tensor] = None,
+             out: Optional[torch.Tensor] = None):
         from ..adapters.cute_sm90_fwd64 import sm90_fwd64, sm90_fwd64_problems
 
         if block_size != _BLOCK:
@@ -111,7 +112,7 @@ class Sm90Backend:
         # partial): the kernel variant without the per-block masking.
         sizes = kv_block_sizes if has_partial_blocks(kv_block_sizes, block_size) else None
         return sm90_fwd64(q, k, v, q2k_idx, q2k_num, sizes, bshd=bshd, softmax_scale=sm_scale, gate=gate,
-                          out_c=out_c)
+                          out_c=out_c, out=out)
 
     def forward(self, q, k, v, sparsity, kv_block_sizes, *, block_size: int, bshd: bool, need_backward: bool,
                 sm_scale: float, kv_padding_zero: bool = False):
@@ -121,11 +122,13 @@ class Sm90Backend:
         return self._run(q, k, v, sparsity, kv_block_sizes, block_size, bshd, sm_scale)
 
     def forward_gated(self, q, k, v, sparsity, kv_block_sizes, gate, out_c, *, block_size: int, bshd: bool,
-                      sm_scale: float):
+                      sm_scale: float, out: Optional[torch.Tensor] = None):
         """``(out_s + gate * out_c, lse)``: ``gate`` of q's shape, layout and dtype, ``out_c``
         ``[B, H, Qb, D]`` (one row per q block, broadcast over its tokens); the composition in
-        fp32, rounded once; the LSE is the sparse branch's."""
-        return self._run(q, k, v, sparsity, kv_block_sizes, block_size, bshd, sm_scale, gate=gate, out_c=out_c)
+        fp32, rounded once; the LSE is the sparse branch's. ``out``: written in place (q's shape,
+        dtype and layout; e.g. a head slice of the call's output), else allocated."""
+        return self._run(q, k, v, sparsity, kv_block_sizes, block_size, bshd, sm_scale, gate=gate, out_c=out_c,
+                         out=out)
 
     def backward(self, *args, **kwargs):
         raise RuntimeError("sm90 backend: inference only (the router never sends it a backward)")
