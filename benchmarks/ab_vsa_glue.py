@@ -38,6 +38,8 @@ CONFIGS = {
     "groups2": {"_GATED_HEAD_GROUPS": 2},
     "groups3": {"_GATED_HEAD_GROUPS": 3},
     "groups4": {"_GATED_HEAD_GROUPS": 4},
+    "groups2hp": {"_GATED_HEAD_GROUPS": 2, "_GATED_GLUE_PRIORITY": -1},
+    "groups3hp": {"_GATED_HEAD_GROUPS": 3, "_GATED_GLUE_PRIORITY": -1},
 }
 # Measured and dropped (benchmarks/results/ab_vsa_glue_h200_v1.json, glue_h200_v7.json): phase 1
 # walking head_dim in 32- or 64-lane chunks (a D loop with pipelined loads) gave the same kernel

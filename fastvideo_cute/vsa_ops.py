@@ -105,6 +105,7 @@ _GATE_CONFIG = {"num_warps": 8}
 # Head groups of a gated inference forward on a route that fuses the gate (sm90): the glue of
 # group g + 1 on a second stream beside the sparse kernel of group g (vsa_pipeline); 1 = off.
 _GATED_HEAD_GROUPS = 1
+_GATED_GLUE_PRIORITY = 0  # the glue stream's priority (torch.cuda.Stream(priority=); < 0 is higher)
 
 
 def _coarse_precision(x: Tensor) -> str:

@@ -69,10 +69,13 @@ def pipelined_groups(q: Tensor, bshd: bool) -> int:
 
 
 def _glue_stream(device: torch.device) -> torch.cuda.Stream:
+    """One glue stream per (device, priority); ``vsa_ops._GATED_GLUE_PRIORITY`` < 0 asks for a
+    higher priority than the caller's default stream (its CTAs are dispatched first)."""
     index = device.index if device.index is not None else torch.cuda.current_device()
-    stream = _STREAMS.get(index)
+    key = (index, int(vsa_ops._GATED_GLUE_PRIORITY))
+    stream = _STREAMS.get(key)
     if stream is None:
-        stream = _STREAMS[index] = torch.cuda.Stream(device)
+        stream = _STREAMS[key] = torch.cuda.Stream(device, priority=key[1])
     return stream
 
 
