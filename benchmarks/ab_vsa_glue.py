@@ -35,11 +35,13 @@ CONFIGS = {
     "p1-128x128w8": {"_COARSE_PHASE_TILES": ((128, 128, None, 8), None)},
     "p2-16x32d128w2": {"_COARSE_PHASE_TILES": (None, (16, 32, 128, 2, 3))},
     # head groups of the gated inference forward (vsa_pipeline): glue beside the previous group's sparse kernel
-    "groups2": {"_GATED_HEAD_GROUPS": 2},
-    "groups3": {"_GATED_HEAD_GROUPS": 3},
-    "groups4": {"_GATED_HEAD_GROUPS": 4},
-    "groups2hp": {"_GATED_HEAD_GROUPS": 2, "_GATED_GLUE_PRIORITY": -1},
-    "groups3hp": {"_GATED_HEAD_GROUPS": 3, "_GATED_GLUE_PRIORITY": -1},
+    # (the min-tiles rule set to 0: split whatever the size)
+    "groups1": {"_GATED_HEAD_GROUPS": 1},
+    "groups2": {"_GATED_HEAD_GROUPS": 2, "_GATED_GROUP_MIN_TILES": 0},
+    "groups3": {"_GATED_HEAD_GROUPS": 3, "_GATED_GROUP_MIN_TILES": 0},
+    "groups4": {"_GATED_HEAD_GROUPS": 4, "_GATED_GROUP_MIN_TILES": 0},
+    "groups2hp": {"_GATED_HEAD_GROUPS": 2, "_GATED_GROUP_MIN_TILES": 0, "_GATED_GLUE_PRIORITY": -1},
+    "groups3hp": {"_GATED_HEAD_GROUPS": 3, "_GATED_GROUP_MIN_TILES": 0, "_GATED_GLUE_PRIORITY": -1},
 }
 # Measured and dropped (benchmarks/results/ab_vsa_glue_h200_v1.json, glue_h200_v7.json): phase 1
 # walking head_dim in 32- or 64-lane chunks (a D loop with pipelined loads) gave the same kernel

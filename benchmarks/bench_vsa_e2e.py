@@ -300,6 +300,7 @@ def main(argv=None):
     if args.coarse_overlap is not None:
         vsa_ops._COARSE_OVERLAP = args.coarse_overlap == "on"
     args.coarse_overlap = "on" if vsa_ops._COARSE_OVERLAP else "off"
+    args.gated_head_groups = {"groups": vsa_ops._GATED_HEAD_GROUPS, "min_tiles": vsa_ops._GATED_GROUP_MIN_TILES}
 
     from fastvideo_cute.warmup_presets import PRESETS
 

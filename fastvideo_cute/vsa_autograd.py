@@ -104,7 +104,7 @@ class _VideoSparseAttn(torch.autograd.Function):
                 need_grad: bool, *uniq: Tensor) -> Tensor:
         q, k, v, gate, q_sizes, kv_sizes = (uniq[i] if i >= 0 else None for i in slots)
         if gate is not None and not need_grad and _fuses_gate(route):
-            groups = vsa_pipeline.pipelined_groups(q, bshd)
+            groups = vsa_pipeline.pipelined_groups(q, bshd, block)
             if groups > 1:  # the glue of one head group beside the sparse kernel of the one before
                 if not range_checked:
                     check_sizes_range(q_sizes, block, "q_variable_block_sizes")

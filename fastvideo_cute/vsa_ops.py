@@ -104,7 +104,12 @@ _COMPRESS_CONFIG = {"mode": "split", "num_warps": 1, "evict_first": True}
 _GATE_CONFIG = {"num_warps": 8}
 # Head groups of a gated inference forward on a route that fuses the gate (sm90): the glue of
 # group g + 1 on a second stream beside the sparse kernel of group g (vsa_pipeline); 1 = off.
-_GATED_HEAD_GROUPS = 1
+# Only where each group's sparse kernel still has _GATED_GROUP_MIN_TILES query tiles (B * heads
+# per group * Qb; 16384 is ~41 waves of three CTAs on 132 SMs): a split adds a partial last wave
+# per group. Measured on the H200 (benchmarks/results/ab_vsa_glue_h200_groups_{13b,14b}.json): Wan-14B
+# 720p 2.7 % faster with 2 groups (28,800 tiles each), Wan-1.3B 480p 3 % slower (3,744).
+_GATED_HEAD_GROUPS = 2
+_GATED_GROUP_MIN_TILES = 16384
 _GATED_GLUE_PRIORITY = 0  # the glue stream's priority (torch.cuda.Stream(priority=); < 0 is higher)
 
 

@@ -23,8 +23,12 @@ the caller's stream for the allocator (outside a capture).
 
 Why it can pay: the sparse kernel fills each SM's CTA slots by registers (three 128-thread CTAs)
 and leaves room beside them for the glue's one-warp programs (the block means, the top-k), and the
-glue's larger programs fill the sparse kernel's last wave. Measured by
-``benchmarks/ab_vsa_glue.py`` (configurations ``groups2`` ...).
+glue's larger programs fill the sparse kernel's last wave. What it costs: each group's kernel has
+a partial last wave of its own, so only long kernels gain (``vsa_ops._GATED_GROUP_MIN_TILES``).
+Measured by ``benchmarks/ab_vsa_glue.py`` (configurations ``groups2`` ...) on the H200
+(``benchmarks/results/ab_vsa_glue_h200_groups_{13b,14b}.json``): Wan-14B 720p 2.7 % faster with two groups
+(42.12 vs 43.30 ms; three groups or a high-priority glue stream within 0.3 % of that), Wan-1.3B
+480p 3 % slower (2.387 vs 2.315 ms; four groups 50 % slower), so 1.3B is not split.
 """
 
 from __future__ import annotations
@@ -59,12 +63,17 @@ def head_groups(heads: int, groups: int) -> List[Tuple[int, int]]:
     return out
 
 
-def pipelined_groups(q: Tensor, bshd: bool) -> int:
-    """How many head groups this call's gated inference forward runs in (1: not pipelined)."""
+def pipelined_groups(q: Tensor, bshd: bool, block: int) -> int:
+    """How many head groups this call's gated inference forward runs in (1: not pipelined):
+    ``vsa_ops._GATED_HEAD_GROUPS``, fewer where a group's sparse kernel would have fewer than
+    ``vsa_ops._GATED_GROUP_MIN_TILES`` query tiles (``B * heads_per_group * Qb``)."""
     groups = int(vsa_ops._GATED_HEAD_GROUPS)
-    heads = q.shape[2] if bshd else q.shape[1]
+    b, heads, sq = (q.shape[0], q.shape[2], q.shape[1]) if bshd else q.shape[:3]
     if groups <= 1 or heads < 2 or not q.is_cuda or torch.compiler.is_compiling():
         return 1
+    tiles = b * (-(-sq // block))
+    while groups > 1 and tiles * (heads // groups) < int(vsa_ops._GATED_GROUP_MIN_TILES):
+        groups -= 1
     return min(groups, heads)
 
 

@@ -31,9 +31,39 @@ def test_head_groups_refuse_no_heads():
 def test_pipelined_groups_only_on_cuda_with_the_setting(monkeypatch):
     q = torch.zeros(1, 4, 64, 16)
     monkeypatch.setattr(vsa_ops, "_GATED_HEAD_GROUPS", 2)
-    assert vsa_pipeline.pipelined_groups(q, bshd=False) == 1  # CPU tensor: never
+    monkeypatch.setattr(vsa_ops, "_GATED_GROUP_MIN_TILES", 0)
+    assert vsa_pipeline.pipelined_groups(q, bshd=False, block=64) == 1  # CPU tensor: never
     monkeypatch.setattr(vsa_ops, "_GATED_HEAD_GROUPS", 1)
-    assert vsa_pipeline.pipelined_groups(q, bshd=False) == 1
+    assert vsa_pipeline.pipelined_groups(q, bshd=False, block=64) == 1
+
+
+class _FakeCuda:
+    """Shape and ``is_cuda`` of a CUDA tensor, for the size rule (no GPU here)."""
+
+    is_cuda = True
+
+    def __init__(self, shape):
+        self.shape = shape
+
+
+@pytest.mark.parametrize("shape, bshd, want", [
+    ((1, 40, 92160, 128), False, 2),  # Wan-14B 720p: 20 x 1440 = 28,800 tiles per group
+    ((1, 92160, 40, 128), True, 2),
+    ((1, 12, 39936, 128), False, 1),  # Wan-1.3B 480p: 6 x 624 = 3,744 per group
+    ((1, 24, 132096, 128), False, 2),  # 12 x 2064 = 24,768
+    ((1, 1, 10**6, 128), False, 1),  # one head
+])
+def test_pipelined_groups_size_rule(monkeypatch, shape, bshd, want):
+    monkeypatch.setattr(vsa_ops, "_GATED_HEAD_GROUPS", 2)
+    monkeypatch.setattr(vsa_ops, "_GATED_GROUP_MIN_TILES", 16384)
+    assert vsa_pipeline.pipelined_groups(_FakeCuda(shape), bshd, 64) == want
+
+
+def test_pipelined_groups_steps_down_to_what_the_size_allows(monkeypatch):
+    monkeypatch.setattr(vsa_ops, "_GATED_HEAD_GROUPS", 4)
+    monkeypatch.setattr(vsa_ops, "_GATED_GROUP_MIN_TILES", 16384)
+    # 40 heads x 1440 tiles: 4 groups of 10 heads = 14,400 < 16,384; 3 of 13 = 18,720
+    assert vsa_pipeline.pipelined_groups(_FakeCuda((1, 40, 92160, 128)), False, 64) == 3
 
 
 def test_a_backend_that_does_not_fuse_the_gate_is_refused():

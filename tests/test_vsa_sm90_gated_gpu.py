@@ -189,10 +189,12 @@ def test_head_groups_equal_the_unsplit_call(monkeypatch, bshd, groups):
     previous group's sparse kernel gives the unsplit call's output bit for bit (per head the same
     kernels on the same inputs), one fused-gate sparse launch per group, no gate pass."""
     tensors, sizes = _case(bshd, seed=11)
+    monkeypatch.setattr(vsa_ops, "_GATED_HEAD_GROUPS", 1)
     with torch.no_grad():
         whole = _call(tensors, sizes, bshd)
     seen = _spy(monkeypatch)
     monkeypatch.setattr(vsa_ops, "_GATED_HEAD_GROUPS", groups)
+    monkeypatch.setattr(vsa_ops, "_GATED_GROUP_MIN_TILES", 0)  # split this small case too
     before = ops.dispatch_counts.copy()
     with torch.no_grad():
         split = _call(tensors, sizes, bshd)
@@ -210,6 +212,7 @@ def test_head_groups_under_cuda_graph_capture_and_compile(monkeypatch, bshd):
     replay on new inputs equals the eager unsplit call on them, bit for bit; under torch.compile
     the call is not split (traced as one) and equals it too."""
     monkeypatch.setattr(vsa_ops, "_GATED_HEAD_GROUPS", 2)
+    monkeypatch.setattr(vsa_ops, "_GATED_GROUP_MIN_TILES", 0)
     tensors, sizes = _case(bshd, seed=13)
     static = [x.clone() for x in tensors]
     side = torch.cuda.Stream()
