@@ -6,22 +6,20 @@ Only for a call on a route whose forward fuses the gate (``sm90``: see
 and at least two heads. For heads split into ``G`` contiguous groups ``[h0, h1)``:
 
 ```
-caller's stream: glue(g0) -> sparse(g0) --> [wait glue(g1)] glue(g2) -> sparse(g2) ...     [wait glue stream]
-glue stream:              [wait glue(g0)] glue(g1) -> sparse(g1) --> [wait glue(g2)] glue(g3) ...
+main stream:  glue(g0) -> sparse(g0) ----------> [wait glue(g1)] sparse(g1) -> ... [wait glue(gG-1)] sparse(gG-1)
+glue stream:            [wait glue(g0)] glue(g1) -> glue(g2) -> ...
 ```
 
 glue = block means (``vsa_compress``) and coarse attention + top-k (``vsa_select``) of the group's
 heads (head slices of q / k / v: strided views, no copies); sparse = the backend's
 ``forward_gated`` writing ``out_s + gate * out_c`` straight into the group's head slice of the
 output (``out=``). Each head's computation is the unsplit call's, kernel by kernel on the same
-inputs, so the output is bitwise the same; only the launch order changes. Groups alternate
-between the two streams, each group's glue and sparse kernel on one stream (so its out_c and q2k
-lists are made and read there), each glue after the previous group's glue: it runs beside the
-previous group's sparse kernel, and each sparse kernel can take the SMs the previous one leaves in
-its last wave (on one stream it would wait for all of it). The glue stream forks from the caller's
-stream and the caller's stream waits for it before the call returns, so everything the caller
-launches afterwards (and every reuse of memory freed on the caller's stream) is ordered after all
-of it (CUDA-graph capture included: fork and join on the capturing stream).
+inputs, so the output is bitwise the same; only the launch order changes. The glue stream forks
+from the caller's stream at the first group's glue and the caller's stream waits for every later
+group's glue before that group's sparse kernel, so everything the caller launches afterwards is
+ordered after all of it (CUDA-graph capture included: fork and join on the capturing stream).
+Tensors made on the glue stream and read on the caller's (out_c, the q2k lists) are recorded on
+the caller's stream for the allocator (outside a capture).
 
 Why it can pay: the sparse kernel fills each SM's CTA slots by registers (three 128-thread CTAs)
 and leaves room beside them for the glue's one-warp programs (the block means, the top-k), and the
@@ -103,23 +101,30 @@ def gated_forward_pipelined(q: Tensor, k: Tensor, v: Tensor, gate: Tensor, q_siz
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     main = torch.cuda.current_stream(q.device)
     glue = _glue_stream(q.device)
+    capturing = torch.cuda.is_current_stream_capturing()
 
     def heads_of(t: Tensor, h0: int, h1: int) -> Tensor:
         return t[:, :, h0:h1] if bshd else t[:, h0:h1]
 
-    glue_done = None
+    first_glue = None
     for i, (h0, h1) in enumerate(head_groups(heads, groups)):
-        stream = main if i % 2 == 0 else glue
-        if i > 0:
-            stream.wait_event(glue_done)  # after the previous group's glue: beside its sparse kernel
+        stream = main if i == 0 else glue
+        if i == 1:
+            glue.wait_event(first_glue)  # beside group 0's sparse kernel, not its glue
         qi, ki, vi, gi = (heads_of(t, h0, h1) for t in (q, k, v, gate))
         with torch.cuda.stream(stream):
             qc, kc, vc = vsa_ops._compress_impl(qi, ki, vi, q_sizes, kv_sizes, block, bshd, True)
             out_c, _, _, idx, num = vsa_ops._select_impl(qc, kc, vc, kv_sizes, topk, sm_scale, q.dtype, False)
-            glue_done = torch.cuda.Event()
-            glue_done.record(stream)
-            dispatch_counts[(name, "fwd")] += 1
-            backend.forward_gated(qi, ki, vi, _sparsity(None, idx, num, kv_sizes), kv_sizes, gi, out_c,
-                                  block_size=block, bshd=bshd, sm_scale=sm_scale, out=heads_of(out, h0, h1))
-    main.wait_stream(glue)
+            done = torch.cuda.Event()
+            done.record(stream)
+        if i == 0:
+            first_glue = done
+        else:
+            main.wait_event(done)
+            if not capturing:
+                for t in (out_c, idx, num):
+                    t.record_stream(main)
+        dispatch_counts[(name, "fwd")] += 1
+        backend.forward_gated(qi, ki, vi, _sparsity(None, idx, num, kv_sizes), kv_sizes, gi, out_c,
+                              block_size=block, bshd=bshd, sm_scale=sm_scale, out=heads_of(out, h0, h1))
     return out
