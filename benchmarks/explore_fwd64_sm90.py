@@ -38,8 +38,8 @@ _VARIANT_KEYS = {"k": "k_stages", "v": "v_stages", "c": "ctas_per_sm"}
 
 
 def parse_variant(spec: str) -> dict:
-    """``"k2v3c2st"`` -> k_stages=2, v_stages=3, ctas_per_sm=2, stmatrix_epilogue=True (the kernel's defaults for what is left out; ``"base"`` is the
-    default pipeline)."""
+    """``"k2v3c2st"`` -> k_stages=2, v_stages=3, ctas_per_sm=2, stmatrix_epilogue=True (the kernel's
+    defaults for what is left out; ``"base"`` is the default pipeline)."""
     import re
 
     out, rest = {}, spec

@@ -109,8 +109,6 @@ class _VideoSparseAttn(torch.autograd.Function):
                 if not range_checked:
                     check_sizes_range(q_sizes, block, "q_variable_block_sizes")
                     check_sizes_range(kv_sizes, block, "variable_block_sizes")
-                ctx.slots, ctx.n_uniq, ctx.clean_kv = slots, len(uniq), False
-                ctx.block, ctx.bshd, ctx.sm_scale, ctx.route = block, bshd, sm_scale, route
                 return vsa_pipeline.gated_forward_pipelined(q, k, v, gate, q_sizes, kv_sizes, topk=topk, block=block,
                                                             bshd=bshd, sm_scale=sm_scale, route=route, groups=groups)
         clean_v, clean_k = _clean_plan(route, kv_sizes, block, need_grad)

@@ -123,17 +123,17 @@ def sm90_fwd64(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q2k_idx: torch
     :func:`tma_problem`, e.g. a head slice of a bigger tensor); None allocates it."""
     if (gate is None) != (out_c is None):
         raise ValueError("gate and out_c are given together or not at all")
-    d = q.shape[3]
-    fn = _kernel_fn(q.dtype, d, block_sizes is not None, gate is not None, tuple(sorted((variant or {}).items())))
-    if out is None:
-        out = torch.empty_like(q, memory_format=torch.contiguous_format)
-    else:
+    if out is not None:  # checked before anything is compiled or launched
         if out.shape != q.shape or out.dtype != q.dtype or out.device != q.device:
             raise ValueError(f"sm90_fwd64: out must have q's shape, dtype and device {tuple(q.shape)}, {q.dtype}, "
                              f"{q.device}; got {tuple(out.shape)}, {out.dtype}, {out.device}")
         problem = tma_problem("out", out)
         if problem is not None:
             raise ValueError(f"sm90_fwd64: {problem}")
+    d = q.shape[3]
+    fn = _kernel_fn(q.dtype, d, block_sizes is not None, gate is not None, tuple(sorted((variant or {}).items())))
+    if out is None:
+        out = torch.empty_like(q, memory_format=torch.contiguous_format)
     b, h, sq, qko, vp = permutations(q.shape, bshd)  # -> (S, D, H, B) / (D, S, H, B)
     lse = torch.empty((b, h, sq), dtype=torch.float32, device=q.device)
     scale = 1.0 / math.sqrt(d) if softmax_scale is None else float(softmax_scale)

@@ -118,3 +118,25 @@ def test_pipeline_variants_compile(pipeline):
         assert report.count("UTMALDG") > 12, report.line
     if pipeline.get("stmatrix_epilogue"):
         assert report.count("STSM") > 0, report.line
+
+
+@pytest.mark.parametrize("bad, match", [
+    (dict(shape=(1, 2, 128, 64)), "q's shape"),
+    (dict(dtype=torch.float16), "q's shape, dtype"),
+    (dict(offset=8), "aligned"),
+])
+def test_bad_out_is_refused_before_any_compile(bad, match):
+    """``sm90_fwd64(out=)`` (a head slice of the caller's output): a wrong shape / dtype or a base
+    TMA cannot take is a ValueError naming ``out``, before a kernel is compiled (CPU tensors here,
+    so reaching the compile or the launch would fail otherwise)."""
+    from fastvideo_cute.adapters.cute_sm90_fwd64 import sm90_fwd64
+
+    q = torch.zeros(1, 2, 128, 128, dtype=torch.bfloat16)
+    if "offset" in bad:
+        out = torch.zeros(q.numel() + bad["offset"], dtype=q.dtype)[bad["offset"]:].view(q.shape)
+    else:
+        out = torch.zeros(bad.get("shape", q.shape), dtype=bad.get("dtype", q.dtype))
+    idx = torch.zeros(1, 2, 2, 1, dtype=torch.int32)
+    num = torch.ones(1, 2, 2, dtype=torch.int32)
+    with pytest.raises(ValueError, match=match):
+        sm90_fwd64(q, q, q, idx, num, None, bshd=False, out=out)
