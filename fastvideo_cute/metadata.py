@@ -31,6 +31,7 @@ __all__ = [
     "expand_block_map",
     "split_block_sizes",
     "physical_layout",
+    "split_q2k",
 ]
 
 
@@ -160,6 +161,67 @@ def physical_layout(block_map: torch.Tensor, kv_block_sizes: torch.Tensor, block
     phys_map = expand_block_map(block_map, block_size // q_tile, block_size // kv_tile)
     phys_sizes = split_block_sizes(kv_block_sizes, block_size // kv_tile, kv_tile)
     return phys_map, phys_sizes
+
+
+_SPLIT = None  # split_q2k_launch once imported; False if Triton is not importable
+
+
+def split_q2k(idx: torch.Tensor, num: torch.Tensor, sizes: Optional[torch.Tensor], ratio: int,
+              seqlen_k: int) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+    """q2k lists of ``ratio * 64``-token blocks -> the 64-token tile lists that cover them:
+    ``(idx [B, H, Qb * ratio, W * ratio], num [B, H, Qb * ratio], sizes [KVb * ratio] or None)``.
+
+    Query block ``t`` becomes tiles ``t * ratio + e``, each with the block's list; kv block ``n``
+    becomes tiles ``n * ratio + f`` of ``clamp(min(size[n], seqlen_k - n * ratio * 64) - 64 f, 0,
+    64)`` keys (``sizes`` None: every block full up to ``seqlen_k``). Tiles with no key are left
+    out of the lists (exact: they add nothing), the kept ones ascending; entries past a row's
+    count are filler never read. ``idx`` / ``num`` int32 contiguous (``BlockSparsity.q2k``).
+
+    On CUDA (not while ``torch.compile`` traces) one Triton launch
+    (``fastvideo_cute.kernels.triton.tile_lists``), else :func:`_split_q2k_torch`, the reference:
+    the same counts and kept entries."""
+    if ratio not in (2, 4):
+        raise ValueError(f"split_q2k: ratio must be 2 or 4 (128- or 256-token blocks), got {ratio!r}")
+    global _SPLIT
+    if idx.is_cuda and not torch.compiler.is_compiling():
+        if _SPLIT is None:
+            try:
+                from fastvideo_cute.kernels.triton.tile_lists import split_q2k_launch
+            except Exception:  # noqa: BLE001 - no usable Triton: the torch path
+                _SPLIT = False
+            else:
+                _SPLIT = split_q2k_launch
+        if _SPLIT:
+            b, h, qb, w = idx.shape
+            out_idx = torch.empty((b, h, qb * ratio, w * ratio), dtype=torch.int32, device=idx.device)
+            out_num = torch.empty((b, h, qb * ratio), dtype=torch.int32, device=idx.device)
+            out_sizes = None
+            if sizes is not None:
+                sizes = sizes.to(torch.int32).contiguous()
+                out_sizes = torch.empty(sizes.numel() * ratio, dtype=torch.int32, device=idx.device)
+            _SPLIT(idx, num, sizes, out_idx, out_num, out_sizes, ratio=ratio, seqlen_k=seqlen_k)
+            return out_idx, out_num, out_sizes
+    return _split_q2k_torch(idx, num, sizes, ratio, seqlen_k)
+
+
+def _split_q2k_torch(idx, num, sizes, ratio: int, seqlen_k: int):
+    """The torch-ops form of :func:`split_q2k` (the reference and the CPU path); its filler past
+    the counts is the dropped tiles."""
+    b, h, qb, w = idx.shape
+    block = ratio * 64
+    valid = torch.arange(w, device=idx.device) < num.clamp(0, w)[..., None]
+    n = torch.where(valid, idx, 0).long()
+    size = torch.clamp(seqlen_k - n * block, max=block)
+    if sizes is not None:
+        size = torch.minimum(size, sizes.long()[n])
+    f = torch.arange(ratio, device=idx.device)
+    keep = (valid[..., None] & (size[..., None] - 64 * f > 0)).reshape(b, h, qb, w * ratio)
+    tiles = (n[..., None] * ratio + f).reshape(b, h, qb, w * ratio)
+    order = torch.sort((~keep).to(torch.int8), dim=-1, stable=True).indices
+    out_idx = torch.gather(tiles, -1, order).to(torch.int32).repeat_interleave(ratio, dim=2).contiguous()
+    out_num = keep.sum(-1).to(torch.int32).repeat_interleave(ratio, dim=2).contiguous()
+    out_sizes = None if sizes is None else split_block_sizes(sizes, ratio, 64).contiguous()
+    return out_idx, out_num, out_sizes
 
 
 class BlockSparsity:

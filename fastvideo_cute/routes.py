@@ -57,6 +57,8 @@ __all__ = ["RouteError", "EnvError", "CallInfo", "call_info", "select_route", "s
 ROUTE_SEP = "|"  # "forward backend|backward backend" in the op's route argument
 #: the backend video_sparse_attn's gated inference calls take where it serves them (select_vsa_routes)
 VSA_GATED_BACKEND = "sm90"
+#: the block sizes that rule covers: where the fused-gate forward was measured faster end to end
+VSA_GATED_BLOCKS = (64,)
 # CallInfo's fields in order (Dynamo cannot trace dataclasses.fields; a test keeps this in step).
 CALL_FIELDS = ("op", "device_type", "arch", "dtype", "head_dim", "block_size", "need_grad", "batch", "heads", "q_len",
                "kv_len", "bshd", "need_lse", "kv_all_full")
@@ -209,7 +211,7 @@ def select_route_name(info: CallInfo) -> str:
 
 def _vsa_gated_backend(info: CallInfo, gated: bool) -> Optional[Backend]:
     """The VSA rule: the gated-inference backend for this call, or None (then the rules above)."""
-    if not gated or info.need_grad:
+    if not gated or info.need_grad or info.block_size not in VSA_GATED_BLOCKS:
         return None
     want_triton, _, named = route_request()  # malformed or conflicting variables raise here too
     if named or want_triton:

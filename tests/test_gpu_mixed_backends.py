@@ -25,7 +25,9 @@ def _nerr(a, b):
 PAIRS = [(128, "fa4", "triton"), (128, "triton", "fa4"), (128, "cudnn", "triton"), (128, "fa4", "cudnn"),
          (128, "cudnn", "fa4"), (128, "triton", "cudnn"),
          # the sm90 64-token forward (forward only) with the backwards the table pairs it with
-         (64, "sm90", "cudnn"), (64, "sm90", "triton")]
+         (64, "sm90", "cudnn"), (64, "sm90", "triton"),
+         # ... and at 128/256-token blocks (run as the 64-token tiles that cover them)
+         (128, "sm90", "cudnn"), (128, "sm90", "fa4"), (256, "sm90", "fa4"), (256, "sm90", "triton")]
 
 
 @pytest.mark.parametrize("block,fwd,bwd", PAIRS)
@@ -58,7 +60,8 @@ def test_forward_and_backward_on_different_backends(tmp_path, monkeypatch, block
     for var in ("FASTVIDEO_VSA_TRITON", "FASTVIDEO_VSA_CUTEDSL", "FASTVIDEO_VSA_BACKEND"):
         monkeypatch.delenv(var, raising=False)
     fn = {(64, False): fvc.block_sparse_attn, (64, True): fvc.block_sparse_attn_bshd,
-          (128, False): fvc.block_sparse_attn_128, (128, True): fvc.block_sparse_attn_128_bshd}[(block, bshd)]
+          (128, False): fvc.block_sparse_attn_128, (128, True): fvc.block_sparse_attn_128_bshd,
+          (256, False): fvc.block_sparse_attn_256, (256, True): fvc.block_sparse_attn_256_bshd}[(block, bshd)]
     before = ops.dispatch_counts.copy()
     out, lse = fn(q, k, v, m, sizes)
     dout = torch.randn_like(out)

@@ -2,7 +2,10 @@
 warpgroup, three CTAs per SM) as a forward-only backend, with the VSA gate fusable into its
 epilogue (:meth:`Sm90Backend.forward_gated`).
 
-What it serves: the forward direction of calls on sm_90 with 64-token blocks, fp16/bf16, head_dim
+What it serves: the forward direction of calls on sm_90 with 64-, 128- or 256-token blocks (a
+128/256-token call runs as the 64-token call that covers it: each block's lists split into 64 x
+64 tiles by :func:`fastvideo_cute.metadata.split_q2k`, one Triton launch, tiles without a valid
+key left out, so a partial block costs only the tiles its keys touch), fp16/bf16, head_dim
 64/128, as many query heads as kv heads (``CallInfo.heads`` is both), ``q_len`` a multiple of 64,
 within the kernel's launch limits, with the CuTe DSL installed. ``support()`` refuses a call with
 ``need_grad`` (it has no backward); the router asks it about a training call's forward direction
@@ -27,13 +30,14 @@ from typing import Dict, Optional
 import torch
 
 from ..call import CallInfo
-from ..metadata import BlockSparsity
+from ..metadata import BlockSparsity, split_q2k
 from ..validation import has_partial_blocks
 from .base import CompileKey, Verdict, basic_key, module_installed
 
 __all__ = ["Sm90Backend"]
 
 _BLOCK = 64
+_BLOCKS = (64, 128, 256)  # 128/256 run as the 64-token tiles that cover them (split_q2k)
 _DTYPES = (torch.float16, torch.bfloat16)
 _GRID_MAX = 65535  # gridDim.y (heads) and gridDim.z (batch): the launch grid is (Qb, H, B)
 _INT32_MAX = 2**31 - 1
@@ -67,8 +71,8 @@ class Sm90Backend:
             return False, f"the wgmma 64-token forward is sm_90a only, not sm_{call.arch[0]}{call.arch[1]}"
         if call.need_grad:
             return False, "inference only (the sm90 64-token kernel is a forward; it has no backward)"
-        if call.block_size != _BLOCK:
-            return False, f"64-token blocks only, got {call.block_size}"
+        if call.block_size not in _BLOCKS:
+            return False, f"block_size one of {_BLOCKS}, got {call.block_size}"
         if call.dtype not in _DTYPES:
             return False, f"float16 or bfloat16 only, got {call.dtype}"
         if call.head_dim not in self.head_dims:
@@ -97,8 +101,8 @@ class Sm90Backend:
              out: Optional[torch.Tensor] = None):
         from ..adapters.cute_sm90_fwd64 import sm90_fwd64, sm90_fwd64_problems
 
-        if block_size != _BLOCK:
-            raise RuntimeError(f"sm90 backend: 64-token blocks only, got {block_size}")
+        if block_size not in _BLOCKS:
+            raise RuntimeError(f"sm90 backend: block_size one of {_BLOCKS}, got {block_size}")
         q, k, v = _ready("q", q), _ready("k", k), _ready("v", v)
         problem = sm90_fwd64_problems(q, k, v, bshd=bshd)
         if problem is not None:
@@ -111,6 +115,12 @@ class Sm90Backend:
         # No sizes when every kv block is full (from the range check's record; unknown counts as
         # partial): the kernel variant without the per-block masking.
         sizes = kv_block_sizes if has_partial_blocks(kv_block_sizes, block_size) else None
+        if block_size != _BLOCK:  # the 64-token tiles that cover the blocks
+            ratio = block_size // _BLOCK
+            kv_len = k.shape[1] if bshd else k.shape[2]
+            q2k_idx, q2k_num, sizes = split_q2k(q2k_idx, q2k_num, sizes, ratio, kv_len)
+            if out_c is not None:  # one out_c row per 64-row tile
+                out_c = out_c.repeat_interleave(ratio, dim=2)
         return sm90_fwd64(q, k, v, q2k_idx, q2k_num, sizes, bshd=bshd, softmax_scale=sm_scale, gate=gate,
                           out_c=out_c, out=out)
 

@@ -37,7 +37,8 @@ def test_verified_on_sm90_only():
 
 @pytest.mark.skipif(not HAS_CUTE, reason="the CuTe DSL is not installed")
 @pytest.mark.parametrize("change", [dict(), dict(dtype=torch.float16), dict(head_dim=64), dict(need_lse=True),
-                                    dict(kv_all_full=True), dict(bshd=True), dict(kv_len=4096), dict(batch=2)])
+                                    dict(kv_all_full=True), dict(bshd=True), dict(kv_len=4096), dict(batch=2),
+                                    dict(block_size=128), dict(block_size=256)])
 def test_serves_the_forward_it_was_verified_on(change):
     ok, reason = BACKENDS["sm90"].support(_with(**change))
     assert ok, reason
@@ -48,8 +49,8 @@ def test_serves_the_forward_it_was_verified_on(change):
     (dict(arch=(10, 0)), "sm_90a only, not sm_100"),
     (dict(arch=(12, 1)), "sm_90a only, not sm_121"),
     (dict(need_grad=True), "inference only"),
-    (dict(block_size=128), "64-token blocks only, got 128"),
-    (dict(block_size=256), "64-token blocks only, got 256"),
+    (dict(block_size=32), "block_size one of (64, 128, 256), got 32"),
+    (dict(block_size=512), "block_size one of (64, 128, 256), got 512"),
     (dict(dtype=torch.float32), "float16 or bfloat16 only"),
     (dict(head_dim=96), "head_dim one of (64, 128), got 96"),
     (dict(head_dim=32), "head_dim one of (64, 128), got 32"),
