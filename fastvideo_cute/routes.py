@@ -58,7 +58,7 @@ ROUTE_SEP = "|"  # "forward backend|backward backend" in the op's route argument
 #: the backend video_sparse_attn's gated inference calls take where it serves them (select_vsa_routes)
 VSA_GATED_BACKEND = "sm90"
 #: the block sizes that rule covers: where the fused-gate forward was measured faster end to end
-VSA_GATED_BLOCKS = (64,)
+VSA_GATED_BLOCKS = (64, 128, 256)
 # CallInfo's fields in order (Dynamo cannot trace dataclasses.fields; a test keeps this in step).
 CALL_FIELDS = ("op", "device_type", "arch", "dtype", "head_dim", "block_size", "need_grad", "batch", "heads", "q_len",
                "kv_len", "bshd", "need_lse", "kv_all_full")

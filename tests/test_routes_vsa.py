@@ -54,7 +54,8 @@ def test_gated_inference_on_sm90_takes_sm90(monkeypatch, table):
         monkeypatch.setenv("FASTVIDEO_VSA_ROUTE_TABLE", "off")
     else:
         monkeypatch.delenv("FASTVIDEO_VSA_ROUTE_TABLE", raising=False)
-    for info in (BASE, _with(kv_all_full=True), _with(bshd=True), _with(head_dim=64, dtype=torch.float16)):
+    for info in (BASE, _with(kv_all_full=True), _with(bshd=True), _with(head_dim=64, dtype=torch.float16),
+                 _with(block_size=128), _with(block_size=256)):  # 128/256: split into 64-token tiles
         assert select_vsa_route_name(info, True) == "sm90|sm90"
     monkeypatch.setenv("FASTVIDEO_VSA_CUTEDSL", "1")  # asking for CuTe does not change it
     assert select_vsa_route_name(BASE, True) == "sm90|sm90"
@@ -62,7 +63,7 @@ def test_gated_inference_on_sm90_takes_sm90(monkeypatch, table):
 
 @pytest.mark.parametrize("change", [
     dict(need_grad=True),  # training: sm90 has no backward
-    dict(block_size=128),
+    dict(block_size=128, need_grad=True),
     dict(arch=(10, 0)),
     dict(arch=(12, 1), block_size=128, kv_all_full=True),
     dict(dtype=torch.float32),

@@ -83,10 +83,11 @@ def test_compile_keys_name_the_kernel_and_the_gate_variant():
     assert full.digest() != keys["fwd"].digest()
 
 
-def test_the_shipped_table_picks_it_for_64_token_forwards_only(monkeypatch):
-    """The measured table (benchmarks/results/vsa_h200_table4_*.json) ranks sm90 first for the
-    sm_90 64-token forward classes; a training call pairs it with cuDNN's backward; without the
-    table (legacy rules) it is never chosen."""
+def test_the_shipped_table_picks_it_where_it_was_fastest(monkeypatch):
+    """The measured table (benchmarks/results/vsa_h200_table5_*.json) ranks sm90 first for the
+    sm_90 64-token forward classes and the 128/256-token partial-tile ones; a training call pairs
+    it with cuDNN's backward at 64 tokens, FA4's at 128/256; FA4 keeps the 128/256 full-tile
+    forwards; without the table (legacy rules) it is never chosen."""
     from fastvideo_cute import route_table
 
     for name in ("FASTVIDEO_VSA_TRITON", "FASTVIDEO_VSA_CUTEDSL", "FASTVIDEO_VSA_BACKEND"):
@@ -99,7 +100,11 @@ def test_the_shipped_table_picks_it_for_64_token_forwards_only(monkeypatch):
         assert routes.select_route(info).name == "sm90"
     fwd, bwd = routes.select_routes(_with(need_grad=True))
     assert (fwd.name, bwd.name) == ("sm90", "cudnn")
-    assert routes.select_route(_with(block_size=128)).name != "sm90"
+    for block in (128, 256):
+        assert routes.select_route(_with(block_size=block)).name == "sm90"  # partial tiles
+        assert routes.select_route(_with(block_size=block, kv_all_full=True)).name == "fa4"
+        fwd, bwd = routes.select_routes(_with(block_size=block, need_grad=True))
+        assert (fwd.name, bwd.name) == ("sm90", "fa4")
     monkeypatch.setenv(route_table.TABLE_ENV, "off")
     for info in (BASE, _with(kv_all_full=True, need_lse=True)):
         assert routes.select_route(info).name != "sm90"
