@@ -14,7 +14,7 @@ of a compiled call always run on the same backend (re-trace to pick up a changed
 
 ``video_sparse_attn`` adds one rule before these (:func:`select_vsa_route_name`): an inference
 call (no grad) with a gate that the ``sm90`` backend serves, verified on this arch (sm_90,
-64-token blocks), takes ``sm90`` unless a backend is named or Triton forced: its kernel fuses the
+64-, 128- or 256-token blocks: ``VSA_GATED_BLOCKS``), takes ``sm90`` unless a backend is named or Triton forced: its kernel fuses the
 gate composition into the forward's epilogue and masks K/V padding itself, 1.01-1.06x the cuDNN
 path (``benchmarks/results/fwd64_sm90_h200_v5.json``). Plain ``block_sparse_attn`` calls keep
 the table (cuDNN: the plain sm90 kernel is 0.99-1.00x its forward).
@@ -57,7 +57,8 @@ __all__ = ["RouteError", "EnvError", "CallInfo", "call_info", "select_route", "s
 ROUTE_SEP = "|"  # "forward backend|backward backend" in the op's route argument
 #: the backend video_sparse_attn's gated inference calls take where it serves them (select_vsa_routes)
 VSA_GATED_BACKEND = "sm90"
-#: the block sizes that rule covers: where the fused-gate forward was measured faster end to end
+#: the block sizes that rule covers (128/256: vsa_e2e_h200_v17_tiles.json, 1.89 / 1.75 ms vs v7's
+#: 2.56 / 2.11 ms on the FA4 route with its gate pass)
 VSA_GATED_BLOCKS = (64, 128, 256)
 # CallInfo's fields in order (Dynamo cannot trace dataclasses.fields; a test keeps this in step).
 CALL_FIELDS = ("op", "device_type", "arch", "dtype", "head_dim", "block_size", "need_grad", "batch", "heads", "q_len",
@@ -154,9 +155,20 @@ def _from_table(table: Optional[RouteTable], info: CallInfo, direction: str) -> 
     call = _direction_call(info, direction)
     for name in order:
         backend = BACKENDS.get(name)
-        if backend is not None and backend.verified_on(info.arch) and backend.support(call)[0]:
-            return backend
+        if backend is None or not backend.verified_on(info.arch) or not backend.support(call)[0]:
+            continue
+        if direction == "fwd" and info.need_grad and not _serves_training_forward(backend, info):
+            continue
+        return backend
     return None
+
+
+def _serves_training_forward(backend: Backend, info: CallInfo) -> bool:
+    """Whether the table may give ``backend`` the forward of a training call: a backend may limit
+    it to the block sizes where that pairing was measured faster (``training_forward_blocks``;
+    none: every block size it serves)."""
+    blocks = getattr(backend, "training_forward_blocks", None)
+    return blocks is None or info.block_size in blocks
 
 
 def select_routes(info: CallInfo) -> Tuple[Backend, Backend]:

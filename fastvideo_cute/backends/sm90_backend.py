@@ -15,12 +15,17 @@ padding itself (``zeroes_kv_padding = False``: no padding-zeroed copy is made fo
 
 Where the router sends it (``fastvideo_cute.routes``):
 - the 64-token forward classes of the route table on sm_90, full and partial tiles, where it was
-  measured fastest (``benchmarks/results/vsa_h200_table4_{synthetic,grid}.json``: 7.41 vs 7.50 ms
-  for cuDNN over the full-tile cases, 2.13 vs 2.18 ms on the Wan-1.3B grid, where cuDNN's route
+  measured fastest (``benchmarks/results/vsa_h200_table5_{synthetic,grid}.json``: 7.29 vs 7.55 ms
+  for cuDNN over the full-tile cases, 2.12 vs 2.19 ms on the Wan-1.3B grid, where cuDNN's route
   pays V's padding-zeroed copy);
+- the 128/256-token partial-tile forward classes (same files: 1.83 vs 2.14 ms for FA4 on the
+  128-token Wan grid, 1.87 vs 1.99 ms on the 256-token one); FA4 keeps the full-tile ones (its
+  128-wide tiles: 6.22 vs 7.23 ms). Not a training call's forward there
+  (``training_forward_blocks``);
 - ``video_sparse_attn`` inference calls with a gate (``select_vsa_route_name``), where the fused
   epilogue also saves the separate gate pass (1.01x / 1.03x / 1.05x the cuDNN path at S=32768 /
-  65536 / the Wan-1.3B grid, ``benchmarks/results/fwd64_sm90_h200_v5.json``).
+  65536 / the Wan-1.3B grid, ``benchmarks/results/fwd64_sm90_h200_v5.json``; 128/256-token tiles:
+  ``vsa_e2e_h200_v17_tiles.json``).
 """
 
 from __future__ import annotations
@@ -58,6 +63,12 @@ class Sm90Backend:
     zeroes_kv_padding = False
     #: ``forward_gated`` returns ``out_s + gate * out_c`` from the kernel's epilogue
     fuses_gate = True
+    #: the block sizes at which the route table may give it a training call's forward (the
+    #: backward then runs on another backend): 64. At 128/256 the forward is 0.3 ms faster than
+    #: FA4's on the Wan grid, but FA4's backward after it is 0.4-0.5 ms slower than after its own
+    #: forward (it makes the K/V padding copy the FA4 forward shares with it):
+    #: benchmarks/results/vsa_h200_default_grid_v12.json vs vsa_h200_table5_grid.json
+    training_forward_blocks = (64,)
     #: compute capabilities on which its GPU tests have passed (the H200)
     VERIFIED = ((9, 0),)
 
