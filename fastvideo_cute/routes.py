@@ -155,20 +155,9 @@ def _from_table(table: Optional[RouteTable], info: CallInfo, direction: str) -> 
     call = _direction_call(info, direction)
     for name in order:
         backend = BACKENDS.get(name)
-        if backend is None or not backend.verified_on(info.arch) or not backend.support(call)[0]:
-            continue
-        if direction == "fwd" and info.need_grad and not _serves_training_forward(backend, info):
-            continue
-        return backend
+        if backend is not None and backend.verified_on(info.arch) and backend.support(call)[0]:
+            return backend
     return None
-
-
-def _serves_training_forward(backend: Backend, info: CallInfo) -> bool:
-    """Whether the table may give ``backend`` the forward of a training call: a backend may limit
-    it to the block sizes where that pairing was measured faster (``training_forward_blocks``;
-    none: every block size it serves)."""
-    blocks = getattr(backend, "training_forward_blocks", None)
-    return blocks is None or info.block_size in blocks
 
 
 def select_routes(info: CallInfo) -> Tuple[Backend, Backend]:

@@ -25,10 +25,9 @@ def _nerr(a, b):
 PAIRS = [(128, "fa4", "triton"), (128, "triton", "fa4"), (128, "cudnn", "triton"), (128, "fa4", "cudnn"),
          (128, "cudnn", "fa4"), (128, "triton", "cudnn"),
          # the sm90 64-token forward (forward only) with the backwards the table pairs it with
-         (64, "sm90", "cudnn"), (64, "sm90", "triton")]
-# (128/256-token sm90 forwards with cuDNN/FA4/Triton backwards passed at 4e33d4b,
-# tests/logs/h200_2026-12-02_split_routes_4e33d4b.log; the table no longer pairs them:
-# Sm90Backend.training_forward_blocks)
+         (64, "sm90", "cudnn"), (64, "sm90", "triton"),
+         # ... and at 128/256-token blocks (run as the 64-token tiles that cover them)
+         (128, "sm90", "cudnn"), (128, "sm90", "fa4"), (256, "sm90", "fa4"), (256, "sm90", "triton")]
 
 
 @pytest.mark.parametrize("block,fwd,bwd", PAIRS)

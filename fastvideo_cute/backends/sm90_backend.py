@@ -20,8 +20,7 @@ Where the router sends it (``fastvideo_cute.routes``):
   pays V's padding-zeroed copy);
 - the 128/256-token partial-tile forward classes (same files: 1.83 vs 2.14 ms for FA4 on the
   128-token Wan grid, 1.87 vs 1.99 ms on the 256-token one); FA4 keeps the full-tile ones (its
-  128-wide tiles: 6.22 vs 7.23 ms). Not a training call's forward there
-  (``training_forward_blocks``);
+  128-wide tiles: 6.22 vs 7.23 ms);
 - ``video_sparse_attn`` inference calls with a gate (``select_vsa_route_name``), where the fused
   epilogue also saves the separate gate pass (1.01x / 1.03x / 1.05x the cuDNN path at S=32768 /
   65536 / the Wan-1.3B grid, ``benchmarks/results/fwd64_sm90_h200_v5.json``; 128/256-token tiles:
@@ -63,12 +62,6 @@ class Sm90Backend:
     zeroes_kv_padding = False
     #: ``forward_gated`` returns ``out_s + gate * out_c`` from the kernel's epilogue
     fuses_gate = True
-    #: the block sizes at which the route table may give it a training call's forward (the
-    #: backward then runs on another backend): 64. At 128/256 the forward is 0.3 ms faster than
-    #: FA4's on the Wan grid, but FA4's backward after it is 0.4-0.5 ms slower than after its own
-    #: forward (it makes the K/V padding copy the FA4 forward shares with it):
-    #: benchmarks/results/vsa_h200_default_grid_v12.json vs vsa_h200_table5_grid.json
-    training_forward_blocks = (64,)
     #: compute capabilities on which its GPU tests have passed (the H200)
     VERIFIED = ((9, 0),)
 

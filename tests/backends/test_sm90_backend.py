@@ -86,8 +86,7 @@ def test_compile_keys_name_the_kernel_and_the_gate_variant():
 def test_the_shipped_table_picks_it_where_it_was_fastest(monkeypatch):
     """The measured table (benchmarks/results/vsa_h200_table5_*.json) ranks sm90 first for the
     sm_90 64-token forward classes and the 128/256-token partial-tile ones; a training call pairs
-    it with cuDNN's backward at 64 tokens (at 128/256 a training call keeps FA4's forward:
-    ``training_forward_blocks``); FA4 keeps the 128/256 full-tile
+    it with cuDNN's backward at 64 tokens, FA4's at 128/256; FA4 keeps the 128/256 full-tile
     forwards; without the table (legacy rules) it is never chosen."""
     from fastvideo_cute import route_table
 
@@ -105,7 +104,7 @@ def test_the_shipped_table_picks_it_where_it_was_fastest(monkeypatch):
         assert routes.select_route(_with(block_size=block)).name == "sm90"  # partial tiles
         assert routes.select_route(_with(block_size=block, kv_all_full=True)).name == "fa4"
         fwd, bwd = routes.select_routes(_with(block_size=block, need_grad=True))
-        assert (fwd.name, bwd.name) == ("fa4", "fa4")  # training_forward_blocks: 64 only
+        assert (fwd.name, bwd.name) == ("sm90", "fa4")
     monkeypatch.setenv(route_table.TABLE_ENV, "off")
     for info in (BASE, _with(kv_all_full=True, need_lse=True)):
         assert routes.select_route(info).name != "sm90"
