@@ -14,7 +14,8 @@ of a compiled call always run on the same backend (re-trace to pick up a changed
 
 ``video_sparse_attn`` adds one rule before these (:func:`select_vsa_route_name`): an inference
 call (no grad) with a gate that the ``sm90`` backend serves, verified on this arch (sm_90,
-64-, 128- or 256-token blocks: ``VSA_GATED_BLOCKS``), takes ``sm90`` unless a backend is named or Triton forced: its kernel fuses the
+64-, 128- or 256-token blocks: ``VSA_GATED_BLOCKS``), takes ``sm90`` unless a backend is named
+or Triton forced: its kernel fuses the
 gate composition into the forward's epilogue and masks K/V padding itself, 1.01-1.06x the cuDNN
 path (``benchmarks/results/fwd64_sm90_h200_v5.json``). Plain ``block_sparse_attn`` calls keep
 the table (cuDNN: the plain sm90 kernel is 0.99-1.00x its forward).
