@@ -35,11 +35,14 @@ def ours(q, k, v, idx, num, sizes, *, bshd: bool, gate=None, out_c=None, variant
 
 
 _VARIANT_KEYS = {"k": "k_stages", "v": "v_stages", "c": "ctas_per_sm"}
+_VARIANT_FLAGS = {"l": ("lazy_rescale", True), "e": ("lazy_rescale", False), "s": ("q_slot_k", True)}
 
 
 def parse_variant(spec: str) -> dict:
-    """``"k2v3c2st"`` -> k_stages=2, v_stages=3, ctas_per_sm=2, stmatrix_epilogue=True (the kernel's
-    defaults for what is left out; ``"base"`` is the default pipeline)."""
+    """``"k2v3c2st"`` -> k_stages=2, v_stages=3, ctas_per_sm=2, stmatrix_epilogue=True; ``q112`` ->
+    q_regs=112 (Q's first 112 columns in registers: those k-steps of S as RS wgmma; ``q`` alone:
+    128); the flags ``l`` / ``e`` (lazy_rescale on / off) and ``s`` (q_slot_k) anywhere, e.g.
+    ``"q112l"`` (the kernel's defaults for what is left out; ``"base"`` is the default build)."""
     import re
 
     out, rest = {}, spec
@@ -49,8 +52,27 @@ def parse_variant(spec: str) -> dict:
         out["stmatrix_epilogue"], rest = True, rest[:-2]
     for key, val in re.findall(r"([kvc])(\d)", rest):
         out[_VARIANT_KEYS[key]] = int(val)
-    if re.sub(r"[kvc]\d", "", rest):
-        raise SystemExit(f"bad --variants entry {spec!r} (e.g. k2v3c2st, base)")
+    rest = re.sub(r"[kvc]\d", "", rest)
+    m = re.search(r"q(\d*)", rest)
+    if m:
+        out["q_regs"] = int(m.group(1) or 128)
+        rest = rest[:m.start()] + rest[m.end():]
+    for flag in rest:
+        if flag not in _VARIANT_FLAGS:
+            raise SystemExit(f"bad --variants entry {spec!r} (e.g. k2v3c2st, q112l, base)")
+        key, val = _VARIANT_FLAGS[flag]
+        out[key] = val
+    return out
+    if rest.endswith("st"):
+        out["stmatrix_epilogue"], rest = True, rest[:-2]
+    for key, val in re.findall(r"([kvc])(\d)", rest):
+        out[_VARIANT_KEYS[key]] = int(val)
+    rest = re.sub(r"[kvc]\d", "", rest)
+    for flag in rest:
+        if flag not in _VARIANT_FLAGS:
+            raise SystemExit(f"bad --variants entry {spec!r} (e.g. k2v3c2st, ql, base)")
+        key, val = _VARIANT_FLAGS[flag]
+        out[key] = val
     return out
 
 
@@ -102,16 +124,26 @@ def bench_rounds(fns, args):
     per round, in order), so that no entry is always measured first: one measured right after
     another kernel's timing loop ran up to 6 % slower than the same code timed later in the same
     run (``benchmarks/results/fwd64_sm90_h200_v4.json``: the default pipeline at 1.553 ms, the
-    identical ``c2`` build at 1.459 ms)."""
+    identical ``c2`` build at 1.459 ms). Each round starts one entry later than the last (the GPU's
+    clock drifts over a run: cuDNN's entry measured 1.42 to 1.63 ms over three rounds of one run,
+    ``fwd64_sm90_h200_v8.json``); :func:`round_ratios` compares entries round by round."""
     import statistics
 
     from triton.testing import do_bench
 
     times = {name: [] for name in fns}
-    for _ in range(args.rounds):
-        for name, fn in fns.items():
-            times[name].append(do_bench(fn, warmup=args.warmup, rep=args.rep))
+    names = list(fns)
+    for r in range(args.rounds):  # each round starts one entry later: no entry is always first
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            times[name].append(do_bench(fns[name], warmup=args.warmup, rep=args.rep))
     return {name: statistics.median(ts) for name, ts in times.items()}, times
+
+
+def round_ratios(all_ms, ref):
+    """Per entry: the median over rounds of (``ref``'s time / the entry's time) in the same round."""
+    import statistics
+
+    return {name: statistics.median(r / t for r, t in zip(all_ms[ref], ts)) for name, ts in all_ms.items()}
 
 
 def timing(args):
@@ -179,6 +211,7 @@ def timing(args):
         med, all_ms = bench_rounds(fns, args)
         ms_c, ms_o = med["cudnn"], med["ours"]
         row.update({"rounds": args.rounds, "ms_median": med, "ms_all": all_ms,
+                    "round_ratio_vs_cudnn": round_ratios(all_ms, "cudnn"),
                     "cudnn_ms": ms_c, "ours_ms": ms_o, "cudnn_tflops": case.flops["fwd"] / ms_c / 1e9,
                     "ours_tflops": case.flops["fwd"] / ms_o / 1e9, "ours_vs_cudnn": ms_c / ms_o})
         for spec in args.variants:

@@ -63,9 +63,20 @@ def test_bad_configuration_is_refused():
     with pytest.raises(ValueError, match="shared memory"):
         cls("bfloat16", 128, k_stages=2)
     assert cls("bfloat16", 128, k_stages=2, ctas_per_sm=2).config()["k_stages"] == 2
+    with pytest.raises(ValueError, match="q_regs"):
+        cls("bfloat16", 128, q_regs=100)
+    with pytest.raises(ValueError, match="q_regs"):
+        cls("bfloat16", 64, q_regs=128)
+    with pytest.raises(ValueError, match="q_slot_k"):  # Q must leave its slot for registers
+        cls("bfloat16", 128, q_regs=112, k_stages=2, q_slot_k=True)
+    with pytest.raises(ValueError, match="q_slot_k"):  # a second K slot to take Q's place
+        cls("bfloat16", 128, q_regs=128, q_slot_k=True)
+    # Q in the last of two K slots: the shared memory of the default's one K slot + Q's buffer
+    assert cls("bfloat16", 128, q_regs=128, k_stages=2, q_slot_k=True).config()["q_slot_k"]
     assert cls("float16", 64, has_block_sizes=False).config() == {
         "dtype": "float16", "head_dim": 64, "has_block_sizes": False, "fuse_gate": False, "k_stages": 1,
-        "v_stages": 2, "ctas_per_sm": 3, "stmatrix_epilogue": False}
+        "v_stages": 2, "ctas_per_sm": 3, "stmatrix_epilogue": False, "q_regs": 0, "lazy_rescale": True,
+        "q_slot_k": False}
 
 
 def test_predicate_refuses_cpu_tensors_with_a_reason():
@@ -140,3 +151,56 @@ def test_bad_out_is_refused_before_any_compile(bad, match):
     num = torch.ones(1, 2, 2, dtype=torch.int32)
     with pytest.raises(ValueError, match=match):
         sm90_fwd64(q, q, q, idx, num, None, bshd=False, out=out)
+
+
+def _serialised_wgmma(sass: str) -> int:
+    """``WARPGROUP.DEPBAR`` waits in the SASS: a build whose wgmmas ptxas serialised (C7515: it
+    waits after every HGMMA) has one per HGMMA; the pipelined builds have a handful (the waits the
+    kernel asks for)."""
+    return sass.count("WARPGROUP.DEPBAR")
+
+
+@pytest.mark.parametrize("config", [{}, {"lazy_rescale": False}, {"q_regs": 64}, {"q_regs": 112},
+                                    {"q_regs": 112, "fuse_gate": True}, {"q_regs": 128, "ctas_per_sm": 2},
+                                    {"head_dim": 64, "q_regs": 64}],
+                         ids=["default", "eager", "q64", "q112", "q112-gate", "q128-c2", "d64-q64"])
+def test_register_and_pipeline_variants_keep_wgmma_pipelined(config):
+    """The rescale and Q-in-registers options build with no spill and with their wgmmas pipelined:
+    a conditional rescale of O beside a wgmma in flight, or a spilled Q fragment, made ptxas
+    serialise every wgmma of the kernel (C7515: 34 waits, one per HGMMA, measured with
+    nvidia-cutlass-dsl 4.8.1; these builds have 4). Q's columns in registers show as one ldmatrix
+    (LDSM) per 16 columns and HGMMAs with a register A operand."""
+    import re
+    from functools import partial
+
+    from fastvideo_cute.kernels.cute import CuteKernelSpec
+    from fastvideo_cute.kernels.cute.block_sparse_fwd64 import sm90_kernel
+
+    spec = CuteKernelSpec(name="block_sparse_fwd64_sm90_variant", archs=("sm_90a",),
+                          make=partial(sm90_kernel, **config), expect=("HGMMA", "UTMALDG"),
+                          forbid=("HMMA", "UTCHMMA"))
+    report = build_report(spec, "sm_90a")
+    print(report.line)
+    assert report.ok and report.spill == 0, report.line
+    assert report.regs <= (255 if config.get("ctas_per_sm") == 2 else 168), report.line
+    assert _serialised_wgmma(report.sass) <= 6, report.line
+    q_regs = config.get("q_regs", 0)
+    assert report.count("LDSM") == q_regs // 16, report.line
+    # S's k-steps with A from registers (P V's have a transposed B: ``gdesc[..].tnspB``)
+    rs_s = re.findall(r"HGMMA\.64x64x16\.F32\.\w+ R\d+, R\d+, gdesc\[\w+\],", report.sass)
+    assert len(rs_s) == (2 * q_regs // 16), report.line  # S's RS k-steps, at two issue sites
+
+
+def test_full_q_in_registers_at_three_ctas_is_serialised():
+    """Why ``q_regs`` stops at 112 at three CTAs per SM: all 128 columns spill a Q fragment and
+    serialise the wgmmas (the measurement behind the docstring; if a compiler fits it, this fails
+    and the option's limit can move)."""
+    from functools import partial
+
+    from fastvideo_cute.kernels.cute import CuteKernelSpec
+    from fastvideo_cute.kernels.cute.block_sparse_fwd64 import sm90_kernel
+
+    spec = CuteKernelSpec(name="block_sparse_fwd64_sm90_variant", archs=("sm_90a",),
+                          make=partial(sm90_kernel, q_regs=128), expect=("HGMMA",), forbid=())
+    report = build_report(spec, "sm_90a")
+    assert report.spill > 0 and _serialised_wgmma(report.sass) > 30, report.line

@@ -11,6 +11,12 @@ first H200 run decides whether it holds; tolerance as the plain output's, the co
 rounded once). A case with every kv tile a random size in [0, 64] refills the K/V slots with
 tiles of every size one after another.
 
+Every case runs on three builds (the ``variant`` fixture): the default (``lazy_rescale``: O is
+rescaled only when a row's max passes its reference max by more than 2^8), Q's first 112 columns in
+registers (``q_regs=112``), and the eager rescale of every step (``lazy_rescale=False``, the build
+before 2026-12-03). ``test_lazy_rescale_*`` build score sequences whose max climbs in steps below and
+above the threshold, and one that only falls, so that both branches of the rescale run.
+
 Tolerances: measured on the H200 (2026-12-01) max |out - ref| 1.3e-3 to 6.8e-3 (bf16 out: half an
 ulp at |out| ~ 2 is 7.8e-3), max |lse - ref| 9.5e-7; asserted at 1.6e-2 (bf16) / 2e-3 (fp16) for
 out and 1e-4 for the LSE.
@@ -30,6 +36,13 @@ from fastvideo_cute.adapters.cute_sm90_fwd64 import sm90_fwd64, sm90_fwd64_probl
 from fastvideo_cute.metadata import map_to_index  # noqa: E402
 
 OUT_TOL = {torch.bfloat16: 1.6e-2, torch.float16: 2e-3}
+
+VARIANTS = {"default": None, "q112": {"q_regs": 112}, "eager": {"lazy_rescale": False}}
+
+
+@pytest.fixture(params=list(VARIANTS), ids=list(VARIANTS))
+def variant(request):
+    return VARIANTS[request.param]
 
 
 def _case(bshd, B, H, SQ, SK, D, dtype, sizes_vals, seed=0):
@@ -55,22 +68,22 @@ def _poison_padding(x, sizes, bshd, value):
         x[:, :, pad] = value
 
 
-def _run(q, k, v, bm, sizes, bshd, with_sizes=True):
+def _run(q, k, v, bm, sizes, bshd, with_sizes=True, variant=None):
     assert sm90_fwd64_problems(q, k, v, bshd=bshd) is None
     idx, num = map_to_index(bm)
     return sm90_fwd64(q, k, v, idx.to(torch.int32).contiguous(), num.to(torch.int32).contiguous(),
-                      sizes if with_sizes else None, bshd=bshd)
+                      sizes if with_sizes else None, bshd=bshd, variant=variant)
 
 
 def _bhsd(x, bshd):
     return x.transpose(1, 2) if bshd else x
 
 
-def _check_poisoned(q, k, v, bm, sizes, bshd, dtype):
+def _check_poisoned(q, k, v, bm, sizes, bshd, dtype, variant=None):
     """NaN K / Inf V padding, run, compare with the fp32 reference; returns (out BHSD fp32, lse)."""
     _poison_padding(k, sizes, bshd, float("nan"))
     _poison_padding(v, sizes, bshd, float("inf"))
-    out, lse = _run(q, k, v, bm, sizes, bshd)
+    out, lse = _run(q, k, v, bm, sizes, bshd, variant=variant)
     ro, rl = reference.block_sparse_attn_reference(*(_bhsd(t, bshd).float() for t in (q, k, v)), bm, sizes, 64)
     o = _bhsd(out, bshd).float()
     assert torch.isfinite(o).all()
@@ -85,16 +98,18 @@ def _check_poisoned(q, k, v, bm, sizes, bshd, dtype):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("shape", [(2, 3, 1024, 1024, 128), (1, 2, 512, 1280, 128), (2, 2, 768, 768, 64)],
                          ids=["B2-square", "q_ne_kv", "d64"])
-def test_matches_reference_with_poisoned_padding(bshd, dtype, shape):
+def test_matches_reference_with_poisoned_padding(bshd, dtype, shape, variant):
     B, H, SQ, SK, D = shape
+    if D == 64 and variant and variant.get("q_regs", 0) > D:
+        variant = {**variant, "q_regs": 48}  # the same option at head_dim 64 (its limit is head_dim)
     q, k, v, bm, sizes = _case(bshd, B, H, SQ, SK, D, dtype, {2: 0, 5: 17, 6: 16, 7: 32, SK // 64 - 1: 41})
-    o, lse = _check_poisoned(q, k, v, bm, sizes, bshd, dtype)
+    o, lse = _check_poisoned(q, k, v, bm, sizes, bshd, dtype, variant)
     # the query tile with no entry: exactly 0 and -inf
     assert (o[0, 0, 64:128] == 0).all() and torch.isneginf(lse[0, 0, 64:128]).all()
 
 
 @pytest.mark.parametrize("bshd", [False, True], ids=["bhsd", "bshd"])
-def test_random_sizes_every_tile_poisoned(bshd):
+def test_random_sizes_every_tile_poisoned(bshd, variant):
     """Every kv tile a random size in [0, 64] and about half of them selected per row, so the
     slots are refilled by tiles of every size one after another."""
     B, H, SQ, SK, D = 1, 2, 1024, 2048, 128
@@ -103,29 +118,29 @@ def test_random_sizes_every_tile_poisoned(bshd):
     sizes.copy_(torch.randint(0, 65, sizes.shape, device="cuda", generator=g, dtype=torch.int32))
     bm |= torch.rand(bm.shape, device="cuda", generator=g) < 0.3
     bm[0, 0, 1] = False
-    _check_poisoned(q, k, v, bm, sizes, bshd, torch.bfloat16)
+    _check_poisoned(q, k, v, bm, sizes, bshd, torch.bfloat16, variant)
 
 
 @pytest.mark.parametrize("bshd", [False, True], ids=["bhsd", "bshd"])
-def test_without_sizes_every_block_full(bshd):
+def test_without_sizes_every_block_full(bshd, variant):
     q, k, v, bm, sizes = _case(bshd, 1, 2, 512, 512, 128, torch.bfloat16, {})
-    out, lse = _run(q, k, v, bm, sizes, bshd, with_sizes=False)
+    out, lse = _run(q, k, v, bm, sizes, bshd, with_sizes=False, variant=variant)
     ro, rl = reference.block_sparse_attn_reference(*(_bhsd(t, bshd).float() for t in (q, k, v)), bm, sizes, 64)
     assert (_bhsd(out, bshd).float() - ro).abs().max() <= OUT_TOL[torch.bfloat16]
     finite = torch.isfinite(rl)
     assert (lse - rl)[finite].abs().max() <= 1e-4
 
 
-def test_nan_in_a_visible_query_row_propagates():
+def test_nan_in_a_visible_query_row_propagates(variant):
     q, k, v, bm, sizes = _case(False, 1, 1, 256, 256, 128, torch.bfloat16, {})
     bm[0, 0, 0] = True
     q[0, 0, 3, 7] = float("nan")
-    out, lse = _run(q, k, v, bm, sizes, False)
+    out, lse = _run(q, k, v, bm, sizes, False, variant=variant)
     assert torch.isnan(out[0, 0, 3]).all() and torch.isnan(lse[0, 0, 3])
     assert torch.isfinite(out[0, 0, 4]).all()
 
 
-def test_65536_tokens_run_to_run_bitwise():
+def test_65536_tokens_run_to_run_bitwise(variant):
     g = torch.Generator(device="cuda").manual_seed(3)
     B, H, S, D = 1, 4, 65536, 128
     q, k, v = (torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
@@ -134,14 +149,14 @@ def test_65536_tokens_run_to_run_bitwise():
     bm = torch.zeros(B, H, kb, kb, dtype=torch.bool, device="cuda")
     bm.scatter_(-1, scores.topk(kb // 8, dim=-1).indices, True)
     sizes = torch.full((kb,), 64, dtype=torch.int32, device="cuda")
-    a = _run(q, k, v, bm, sizes, True)
-    b = _run(q, k, v, bm, sizes, True)
+    a = _run(q, k, v, bm, sizes, True, variant=variant)
+    b = _run(q, k, v, bm, sizes, True, variant=variant)
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
     assert torch.isfinite(a[0]).all()
 
 
 @pytest.mark.parametrize("bshd", [False, True], ids=["bhsd", "bshd"])
-def test_fused_gate_matches_reference(bshd):
+def test_fused_gate_matches_reference(bshd, variant):
     q, k, v, bm, sizes = _case(bshd, 2, 2, 512, 512, 128, torch.bfloat16, {2: 0, 5: 17, 7: 32})
     _poison_padding(v, sizes, bshd, float("inf"))
     g = torch.Generator(device="cuda").manual_seed(5)
@@ -150,7 +165,7 @@ def test_fused_gate_matches_reference(bshd):
     assert sm90_fwd64_problems(q, k, v, bshd=bshd) is None
     idx, num = map_to_index(bm)
     out, lse = sm90_fwd64(q, k, v, idx.to(torch.int32).contiguous(), num.to(torch.int32).contiguous(), sizes,
-                          bshd=bshd, gate=gate, out_c=out_c)
+                          bshd=bshd, gate=gate, out_c=out_c, variant=variant)
     ro, rl = reference.block_sparse_attn_reference(*(_bhsd(t, bshd).float() for t in (q, k, v)), bm, sizes, 64)
     want = reference.gate_compose_reference(ro, out_c, _bhsd(gate, bshd), 64)
     got = _bhsd(out, bshd).float()
@@ -160,3 +175,40 @@ def test_fused_gate_matches_reference(bshd):
     assert (lse - rl)[finite].abs().max() <= 1e-4
     # the query tile with no entry: out_s is 0, so out = gate * out_c
     torch.testing.assert_close(got[0, 0, 64:128], want[0, 0, 64:128], atol=OUT_TOL[torch.bfloat16], rtol=0)
+
+
+def _climbing_case(steps_log2, bshd, seed=0):
+    """One 64-row query tile over len(steps_log2) kv tiles, all selected: tile j's scores (in log2
+    units, ``s * scale * log2(e)``) are about ``steps_log2[j]`` plus noise of 0.5, so the running max
+    moves by the differences (every row alike)."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    D, n = 128, len(steps_log2)
+    u = torch.randn(D, device="cuda", generator=g)
+    u = u / u.norm() * D ** 0.5  # |u|^2 = D
+    q = u.expand(64, D) + 0.01 * torch.randn(64, D, device="cuda", generator=g)
+    per_unit = D ** 0.5 / 1.4426950408889634  # a q.k of this is 1 in log2 units at scale 1/sqrt(D)
+    k = torch.cat([(a * per_unit / D) * u.expand(64, D) + 0.5 * per_unit / D ** 0.5
+                   * torch.randn(64, D, device="cuda", generator=g) for a in steps_log2])
+    v = torch.randn(64 * n, D, device="cuda", generator=g)
+    to = (lambda x: x[None, :, None, :]) if bshd else (lambda x: x[None, None])
+    q, k, v = (to(x).to(torch.bfloat16).contiguous() for x in (q, k, v))
+    bm = torch.ones(1, 1, 1, n, dtype=torch.bool, device="cuda")
+    sizes = torch.full((n,), 64, dtype=torch.int32, device="cuda")
+    return q, k, v, bm, sizes
+
+
+@pytest.mark.parametrize("steps", [[0, 3, 6, 9, 12, 15, 18, 21], [0, 7.5, 15, 7, 30, 31, 29, 40],
+                                   [40, 30, 20, 10, 0, -10, -20, -30], [0, 0.5, 1, 20, 20.5, 9, 60, 61]],
+                         ids=["climb3", "jumps", "falling", "mixed"])
+@pytest.mark.parametrize("bshd", [False, True], ids=["bhsd", "bshd"])
+def test_lazy_rescale_climbing_and_falling_max(steps, bshd, variant):
+    """Maxima that climb below the 2^8 threshold (the reference max is kept and P exceeds 1), jump
+    past it (a rescale mid-list), or only fall (no rescale after the first tile), against the fp32
+    reference; the output stays finite and within the plain cases' tolerance."""
+    q, k, v, bm, sizes = _climbing_case(steps, bshd)
+    out, lse = _run(q, k, v, bm, sizes, bshd, variant=variant)
+    ro, rl = reference.block_sparse_attn_reference(*(_bhsd(t, bshd).float() for t in (q, k, v)), bm, sizes, 64)
+    o = _bhsd(out, bshd).float()
+    assert torch.isfinite(o).all() and torch.isfinite(lse).all()
+    assert (o - ro).abs().max() <= OUT_TOL[torch.bfloat16]
+    assert (lse - rl).abs().max() <= 1e-4 * max(1.0, float(rl.abs().max()))

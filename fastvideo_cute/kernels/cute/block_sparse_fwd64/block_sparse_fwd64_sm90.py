@@ -28,6 +28,19 @@ specialisation; the latency is hidden by three CTAs per SM, ``min_blocks_per_mp=
     ``out_s + gate * out_c`` (VSA's gate composition: the gate tile arrives by TMA in a K slot
     once the last S has retired, on that slot's barrier; out_c's row of the query tile is read per
     column; fp32, rounded once), so the composition needs no pass of its own;
+  - ``lazy_rescale`` (the default): a row's reference max moves only when the row's max passes
+    it by more than 2^8 (``RESCALE_THRESHOLD``), so after the first steps O is almost never
+    rescaled; the rescale, when a row needs it, runs once P V[j-1] has retired (a conditional
+    multiply of an accumulator beside a wgmma in flight makes ptxas serialise every wgmma of the
+    kernel, C7515). Out and LSE are the same quantities for any reference max (P <= 2^8 instead of
+    <= 1; bf16/fp16 keep their relative precision). 4-8 % faster than rescaling every step on the
+    H200 (``benchmarks/results/fwd64_sm90_h200_v8.json``);
+  - ``q_regs`` (a configuration): Q's first ``q_regs`` columns in registers (ldmatrix once, at
+    step 0) and those k-steps of S as RS wgmma, so S reads only K from shared memory there. All
+    128 columns need 4 registers more than the 168 of three CTAs per SM (ptxas then spills the
+    first fragment and serialises the wgmmas); 112 fit (166 registers);
+  - ``q_slot_k`` (with all of Q in registers and ``k_stages >= 2``): Q arrives in the K ring's last
+    slot, which takes K once every thread holds Q, so two K slots cost no more shared memory;
   - the pipeline is a configuration too (``k_stages`` 1-3 K slots, ``v_stages`` 2-3 V slots,
     ``ctas_per_sm``, ``stmatrix_epilogue``): with ``k_stages`` slots K[j + k_stages] is issued once
     S[j] retires, with three V slots V[j + 1] is issued at step j. The default (one K slot, two V
@@ -72,15 +85,20 @@ DTYPE_NAMES = ("float16", "bfloat16")
 BASE_ALIGN = 128
 THREADS = 128
 PV_STEP = 16  # keys per wgmma k-step of P V
+# (``lazy_rescale``) a row's reference max moves only when the row's max passes it by more than
+# this, in log2 units: P <= 2^8 (exact in bf16/fp16 to the same relative precision as P <= 1)
+RESCALE_THRESHOLD = 8.0
 _CUTE_DTYPES = {"float16": cutlass.Float16, "bfloat16": cutlass.BFloat16}
 SMEM_PER_SM = 227 * 1024  # the H100/H200 shared memory a kernel may use per SM
 SMEM_RESERVED_PER_CTA = 1024  # the driver's per-CTA reservation
 
 
-def smem_bytes(head_dim: int, k_stages: int, v_stages: int) -> int:
+def smem_bytes(head_dim: int, k_stages: int, v_stages: int, q_slot_k: bool = False) -> int:
     """Dynamic shared memory of one CTA: Q + the K and V rings (64 x D, 2 B each), barriers and the
-    1 KB alignment slack of the buffers."""
-    return BLOCK * head_dim * 2 * (1 + k_stages + v_stages) + 8 * (2 + k_stages + v_stages) + 1024
+    1 KB alignment slack of the buffers (``q_slot_k``: Q arrives in the K ring's last slot, no
+    buffer of its own)."""
+    tiles = (0 if q_slot_k else 1) + k_stages + v_stages
+    return BLOCK * head_dim * 2 * tiles + 8 * (2 + k_stages + v_stages) + 1024
 
 
 @cute.jit
@@ -102,7 +120,8 @@ class BlockSparseFwd64Sm90(CuteKernel):
 
     def __init__(self, dtype: str = "bfloat16", head_dim: int = 128, *, has_block_sizes: bool = True,
                  fuse_gate: bool = False, k_stages: int = 1, v_stages: int = 2, ctas_per_sm: int = 3,
-                 stmatrix_epilogue: bool = False):
+                 stmatrix_epilogue: bool = False, q_regs: int = 0, lazy_rescale: bool = True,
+                 q_slot_k: bool = False):
         if dtype not in DTYPE_NAMES:
             raise ValueError(f"dtype must be one of {DTYPE_NAMES}, got {dtype!r}")
         if head_dim not in HEAD_DIMS:
@@ -113,7 +132,12 @@ class BlockSparseFwd64Sm90(CuteKernel):
             raise ValueError(f"v_stages must be 2 or 3, got {v_stages!r}")
         if ctas_per_sm not in (1, 2, 3):
             raise ValueError(f"ctas_per_sm must be 1, 2 or 3, got {ctas_per_sm!r}")
-        need = ctas_per_sm * (smem_bytes(head_dim, k_stages, v_stages) + SMEM_RESERVED_PER_CTA)
+        if q_regs % 16 or not 0 <= q_regs <= head_dim:
+            raise ValueError(f"q_regs (Q columns held in registers) must be a multiple of 16 in [0, head_dim], "
+                             f"got {q_regs!r}")
+        if q_slot_k and not (q_regs == head_dim and k_stages >= 2):
+            raise ValueError("q_slot_k needs q_regs == head_dim (Q leaves its buffer for registers) and k_stages >= 2")
+        need = ctas_per_sm * (smem_bytes(head_dim, k_stages, v_stages, q_slot_k) + SMEM_RESERVED_PER_CTA)
         if need > SMEM_PER_SM:
             raise ValueError(f"k_stages={k_stages}, v_stages={v_stages} at head_dim {head_dim} need {need} B of "
                              f"shared memory for {ctas_per_sm} CTAs per SM; the SM has {SMEM_PER_SM}")
@@ -125,11 +149,15 @@ class BlockSparseFwd64Sm90(CuteKernel):
         self.v_stages = int(v_stages)
         self.ctas_per_sm = int(ctas_per_sm)
         self.stmatrix_epilogue = bool(stmatrix_epilogue)
+        self.q_regs = int(q_regs)
+        self.lazy_rescale = bool(lazy_rescale)
+        self.q_slot_k = bool(q_slot_k)
 
     def config(self) -> Mapping[str, Any]:
         return {"dtype": self.dtype_name, "head_dim": self.head_dim, "has_block_sizes": self.has_block_sizes,
                 "fuse_gate": self.fuse_gate, "k_stages": self.k_stages, "v_stages": self.v_stages,
-                "ctas_per_sm": self.ctas_per_sm, "stmatrix_epilogue": self.stmatrix_epilogue}
+                "ctas_per_sm": self.ctas_per_sm, "stmatrix_epilogue": self.stmatrix_epilogue,
+                "q_regs": self.q_regs, "lazy_rescale": self.lazy_rescale, "q_slot_k": self.q_slot_k}
 
     def fake_args(self) -> tuple:
         dt = _CUTE_DTYPES[self.dtype_name]
@@ -187,6 +215,11 @@ class BlockSparseFwd64Sm90(CuteKernel):
 
         mma_qk = sm90_helpers.make_trivial_tiled_mma(dt, dt, OperandMajorMode.K, OperandMajorMode.K, Float32,
                                                      (1, 1, 1), tiler_mn=(BLOCK, BLOCK))
+        mma_qk_rs = mma_qk  # (q_regs) the k-steps of S whose Q columns are in registers: RS wgmma
+        if const_expr(self.q_regs > 0):
+            mma_qk_rs = sm90_helpers.make_trivial_tiled_mma(dt, dt, OperandMajorMode.K, OperandMajorMode.K, Float32,
+                                                            (1, 1, 1), tiler_mn=(BLOCK, BLOCK),
+                                                            a_source=warpgroup.OperandSource.RMEM)
         mma_pv = sm90_helpers.make_trivial_tiled_mma(dt, dt, OperandMajorMode.K, OperandMajorMode.MN, Float32,
                                                      (1, 1, 1), tiler_mn=(BLOCK, d),
                                                      a_source=warpgroup.OperandSource.RMEM)
@@ -196,7 +229,7 @@ class BlockSparseFwd64Sm90(CuteKernel):
             bar_q: cute.struct.MemRange[cutlass.Int64, 1]
             bar_k: cute.struct.MemRange[cutlass.Int64, self.k_stages]
             bar_v: cute.struct.MemRange[cutlass.Int64, self.v_stages]
-            sQ: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sQ_layout)], 1024]
+            sQ: cute.struct.Align[cute.struct.MemRange[dt, 0 if const_expr(self.q_slot_k) else cute.cosize(sQ_layout)], 1024]
             sK: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sK_layout)], 1024]
             sV: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sV_layout)], 1024]
 
@@ -206,7 +239,7 @@ class BlockSparseFwd64Sm90(CuteKernel):
         self.kernel(
             tma_atom_Q, tma_Q, tma_atom_K, tma_K, tma_atom_V, tma_V, tma_atom_O, tma_O, tma_atom_G, tma_G, out_c,
             mLSE, mIdx, mNum, sizes,
-            sQ_layout, sK_layout, sV_layout, mma_qk, mma_pv, scale_log2, SharedStorage,
+            sQ_layout, sK_layout, sV_layout, mma_qk, mma_qk_rs, mma_pv, scale_log2, SharedStorage,
         ).launch(grid=grid, block=(THREADS, 1, 1), smem=SharedStorage.size_in_bytes(), stream=stream,
                  # three CTAs per SM: ptxas caps a thread at 65536 / 384 registers; the full
                  # shared-memory carveout is asked for explicitly (it also keeps the build free of
@@ -250,7 +283,7 @@ class BlockSparseFwd64Sm90(CuteKernel):
                tma_atom_V: cute.CopyAtom, mV: cute.Tensor, tma_atom_O: cute.CopyAtom, mO: cute.Tensor,
                tma_atom_G: cute.CopyAtom, mG: cute.Tensor, mOutC: cute.Tensor, mLSE: cute.Tensor, mIdx: cute.Tensor, mNum: cute.Tensor, mSizes,
                sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout, sV_layout: cute.ComposedLayout,
-               mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, scale_log2: Float32,
+               mma_qk: cute.TiledMma, mma_qk_rs: cute.TiledMma, mma_pv: cute.TiledMma, scale_log2: Float32,
                SharedStorage: cutlass.Constexpr):
         d = self.head_dim
         dt = _CUTE_DTYPES[self.dtype_name]
@@ -284,8 +317,12 @@ class BlockSparseFwd64Sm90(CuteKernel):
         bar_v = pipeline.MbarrierArray(storage.bar_v.data_ptr(), num_stages=vs, agent=(tma_op, one))
         cute.arch.mbarrier_init_fence()
 
-        sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
+        q_slot = ks - 1  # (q_slot_k) the K slot Q arrives in; it takes K only once Q is in registers
+        if const_expr(self.q_slot_k):
+            sQ = sK[None, None, q_slot]
+        else:
+            sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
         sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
 
         gQ = cute.local_tile(mQ[None, None, h, b], (BLOCK, d), (qt, 0))
@@ -300,6 +337,10 @@ class BlockSparseFwd64Sm90(CuteKernel):
         thr_qk = mma_qk.get_slice(tidx)
         thr_pv = mma_pv.get_slice(tidx)
         tSrQ = thr_qk.make_fragment_A(thr_qk.partition_A(sQ))
+        tSrQr = tSrQ  # (q_regs) Q as RS wgmma fragments; the first q_regs // 16 k-steps loaded at step 0
+        if const_expr(self.q_regs > 0):
+            thr_rs = mma_qk_rs.get_slice(tidx)
+            tSrQr = thr_rs.make_fragment_A(thr_rs.partition_A(sQ))
         tSrK = thr_qk.make_fragment_B(thr_qk.partition_B(sK))  # (..., k stages)
         tOrV = thr_pv.make_fragment_B(thr_pv.partition_B(sV))  # (..., v stages)
         acc_S = cute.make_rmem_tensor(thr_qk.partition_shape_C((BLOCK, BLOCK)), Float32)
@@ -334,7 +375,7 @@ class BlockSparseFwd64Sm90(CuteKernel):
             if warp_idx == 0:
                 self.load_tile(tma_atom_K, tKgK, tKsK, bar_k, tx["k"], 0, n_cur)
                 self.load_tile(tma_atom_V, tVgV, tVsV, bar_v, tx["v"], 0, n_cur)
-                for i in cutlass.range_constexpr(1, ks):
+                for i in cutlass.range_constexpr(1, ks - 1 if const_expr(self.q_slot_k) else ks):
                     if i < count:
                         self.load_tile(tma_atom_K, tKgK, tKsK, bar_k, tx["k"], i, gIdx[i])
                 for i in cutlass.range_constexpr(1, vs - 1):
@@ -348,7 +389,13 @@ class BlockSparseFwd64Sm90(CuteKernel):
             # ---- step 0: S[0], no P V yet
             bar_k.wait(0, 0)
             bar_q.wait(0, 0)
-            self.gemm(mma_qk, acc_S, tSrQ, tSrK[None, None, None, 0], zero_init=True)
+            if const_expr(self.q_regs > 0):
+                self.load_q_regs(mma_qk_rs, sQ, tSrQr, tidx)
+            if const_expr(self.q_slot_k):  # every thread's Q is in registers: the slot takes K[ks - 1]
+                cute.arch.barrier()
+                if warp_idx == 0 and ks - 1 < count:
+                    self.load_tile(tma_atom_K, tKgK, tKsK, bar_k, tx["k"], q_slot, gIdx[ks - 1])
+            self.gemm_s(mma_qk, mma_qk_rs, acc_S, tSrQ, tSrQr, tSrK[None, None, None, 0])
             warpgroup.wait_group(0)
             if warp_idx == 0 and ks < count:  # K[ks] into the slot S[0] freed
                 self.load_tile(tma_atom_K, tKgK, tKsK, bar_k, tx["k"], 0, n_next if const_expr(ks == 1) else gIdx[ks])
@@ -370,8 +417,9 @@ class BlockSparseFwd64Sm90(CuteKernel):
                     self.load_tile(tma_atom_V, tVgV, tVsV, bar_v, tx["v"], (j + vs - 2) % vs, n_cur if const_expr(vs == 2) else n_next)
                 k_slot = j % ks
                 bar_k.wait(k_slot, (j // ks) % 2)
-                self.gemm(mma_qk, acc_S, tSrQ, tSrK[None, None, None, k_slot], zero_init=True)
-                self.rescale_o(acc_O_mn, alpha, num_rows)
+                self.gemm_s(mma_qk, mma_qk_rs, acc_S, tSrQ, tSrQr, tSrK[None, None, None, k_slot])
+                if const_expr(not self.lazy_rescale):  # beside S[j] (lazy: after P V[j-1], below)
+                    self.rescale_o(acc_O_mn, alpha, num_rows)
                 prev = (j - 1) % vs
                 bar_v.wait(prev, ((j - 1) // vs) % 2)
                 if keys_prev % PV_STEP != 0:
@@ -382,6 +430,10 @@ class BlockSparseFwd64Sm90(CuteKernel):
                     self.load_tile(tma_atom_K, tKgK, tKsK, bar_k, tx["k"], k_slot, n_k)
                 self.softmax(acc_S, acc_S_mn, tScS, keys_cur, row_max, row_sum, alpha, scale_log2)
                 warpgroup.wait_group(0)  # P V[j-1] retired: P's registers are free
+                if const_expr(self.lazy_rescale):
+                    # no wgmma in flight: a conditional rescale beside one would make ptxas
+                    # serialise every wgmma of the kernel (C7515)
+                    self.rescale_o(acc_O_mn, alpha, num_rows)
                 rP.store(tP_view.load().to(dt))
                 keys_prev = keys_cur
 
@@ -390,7 +442,8 @@ class BlockSparseFwd64Sm90(CuteKernel):
                 if warp_idx == 0:
                     self.load_gate(tma_atom_G, mG, sK, bar_k, tx["k"], count % ks, qt, h, b)
             last = (count - 1) % vs
-            self.rescale_o(acc_O_mn, alpha, num_rows)
+            if const_expr(not self.lazy_rescale):  # (lazy: done at the end of the last step)
+                self.rescale_o(acc_O_mn, alpha, num_rows)
             bar_v.wait(last, ((count - 1) // vs) % 2)
             if keys_prev % PV_STEP != 0:
                 self.zero_v_padding(sV, last, keys_prev, tidx)
@@ -435,6 +488,11 @@ class BlockSparseFwd64Sm90(CuteKernel):
         rO.store(acc_O.load().to(dt))
         cute.arch.barrier()  # every warp's wgmma reads of Q are done before Q's buffer takes O
         sO = sQ
+        if const_expr(self.q_slot_k and self.fuse_gate):
+            # Q's slot is a K slot: when the gate landed there, O goes to slot 0 (every S has retired
+            # and no K load is pending, so both slots are free but the gate's)
+            if count % ks == q_slot:
+                sO = sK[None, None, 0]
         if const_expr(self.stmatrix_epilogue):  # stmatrix: 4 8x8 matrices per instruction
             st_o = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(num_matrices=4), dt)
             thr_st = cute.make_tiled_copy_C(st_o, mma_pv).get_slice(tidx)
@@ -474,6 +532,27 @@ class BlockSparseFwd64Sm90(CuteKernel):
         wgmma_gemm(tiled_mma, acc, tCrA, tCrB, zero_init)
 
     @cute.jit
+    def gemm_s(self, mma_ss: cute.TiledMma, mma_rs: cute.TiledMma, acc: cute.Tensor, tSrQ: cute.Tensor,
+               tSrQr: cute.Tensor, tSrK: cute.Tensor):
+        """S = Q K^T as one wgmma group: the k-steps of Q's first ``q_regs`` columns with Q from
+        registers (RS), the rest with Q from shared memory (SS); K from shared memory throughout."""
+        if const_expr(self.q_regs == 0):
+            self.gemm(mma_ss, acc, tSrQ, tSrK, zero_init=True)
+        else:
+            warpgroup.fence()
+            rs = cute.make_mma_atom(mma_rs.op)
+            rs.set(warpgroup.Field.ACCUMULATE, False)
+            for k in cutlass.range_constexpr(self.q_regs // PV_STEP):
+                cute.gemm(rs, acc, tSrQr[None, None, k], tSrK[None, None, k], acc)
+                rs.set(warpgroup.Field.ACCUMULATE, True)
+            if const_expr(self.q_regs < self.head_dim):
+                ss = cute.make_mma_atom(mma_ss.op)
+                ss.set(warpgroup.Field.ACCUMULATE, True)
+                for k in cutlass.range_constexpr(self.q_regs // PV_STEP, self.head_dim // PV_STEP):
+                    cute.gemm(ss, acc, tSrQ[None, None, k], tSrK[None, None, k], acc)
+            warpgroup.commit_group()
+
+    @cute.jit
     def gemm_pv(self, tiled_mma: cute.TiledMma, acc: cute.Tensor, rP: cute.Tensor, tOrV: cute.Tensor, keys: Int32):
         """O += P V over the k-steps (16 keys each) that hold a valid key. A full tile issues the
         four k-steps as one group; a partial one branches per k-step (uniform over the
@@ -495,9 +574,26 @@ class BlockSparseFwd64Sm90(CuteKernel):
         warpgroup.commit_group()
 
     @cute.jit
+    def load_q_regs(self, tiled_mma: cute.TiledMma, sQ: cute.Tensor, tSrQ: cute.Tensor, tidx: Int32):
+        """(``q_regs``) Q, the A operand of S = Q K^T as an RS wgmma, from its shared-memory tile into
+        its register fragment by ldmatrix, once: the per-step S then reads only K from shared memory."""
+        atom = cute.make_copy_atom(cute.nvgpu.warp.LdMatrix8x8x16bOp(transpose=False, num_matrices=4),
+                                   _CUTE_DTYPES[self.dtype_name])
+        thr_copy = cute.make_tiled_copy_A(atom, tiled_mma).get_slice(tidx)
+        src, dst = thr_copy.partition_S(sQ), thr_copy.retile(tSrQ)
+        for k in cutlass.range_constexpr(self.q_regs // PV_STEP):  # one ldmatrix.x4 per k-step
+            cute.copy(thr_copy, src[None, None, k], dst[None, None, k])
+
+    @cute.jit
     def rescale_o(self, acc_O_mn: cute.Tensor, alpha: cute.Tensor, num_rows: cutlass.Constexpr):
+        """O's rows times their ratio; with ``lazy_rescale`` a row whose ratio is exactly 1 (its
+        reference max kept) is skipped (x * 1 == x: the same result without the multiplies)."""
         for r in cutlass.range_constexpr(num_rows):
-            acc_O_mn[r, None].store(acc_O_mn[r, None].load() * alpha[r])
+            if const_expr(self.lazy_rescale):
+                if alpha[r] != Float32(1.0):
+                    acc_O_mn[r, None].store(acc_O_mn[r, None].load() * alpha[r])
+            else:
+                acc_O_mn[r, None].store(acc_O_mn[r, None].load() * alpha[r])
 
     @cute.jit
     def softmax(self, acc_S: cute.Tensor, acc_S_mn: cute.Tensor, tScS: cute.Tensor, keys: Int32,
@@ -506,4 +602,5 @@ class BlockSparseFwd64Sm90(CuteKernel):
         ``alpha`` gets each row's ratio for the next O rescale. A row spans 4 lanes."""
         if keys < BLOCK:
             mask_keys_mn(acc_S_mn, tScS, keys)
-        online_softmax_rows(acc_S_mn, row_max, row_sum, alpha, scale_log2, threads_in_group=4)
+        online_softmax_rows(acc_S_mn, row_max, row_sum, alpha, scale_log2, threads_in_group=4,
+                            rescale_threshold=RESCALE_THRESHOLD if const_expr(self.lazy_rescale) else None)

@@ -102,12 +102,19 @@ FFMA_CENTRE_ABOVE = 256.0
 
 @cute.jit
 def online_softmax_rows(s_mn: cute.Tensor, row_max: cute.Tensor, row_sum: cute.Tensor, alpha: cute.Tensor,
-                        scale_log2: Float32, threads_in_group: cutlass.Constexpr = 4):
+                        scale_log2: Float32, threads_in_group: cutlass.Constexpr = 4,
+                        rescale_threshold: cutlass.Constexpr = None):
     """The online-softmax step of :func:`online_softmax_update` for every row of a score
     fragment viewed as (rows, cols) (``s_mn``, overwritten with P), with tree reductions and one
     FFMA per exponent. ``row_max`` / ``row_sum`` (this thread's partial sum) / ``alpha`` (the ratio
     to rescale the output by) are per-row register tensors. The same contract (module docstring):
-    a row whose scores are all -inf so far takes exponents relative to 0; NaN propagates."""
+    a row whose scores are all -inf so far takes exponents relative to 0; NaN propagates.
+
+    ``rescale_threshold`` (log2 units, e.g. 8.0): ``row_max`` is then the row's *reference* max,
+    moved only when the block's max exceeds it by more than the threshold (``alpha`` is exactly 1
+    otherwise, so the caller can skip its rescale). The exponents are then bounded by
+    ``2^threshold`` instead of 1; out = (sum p v) / l and the LSE (``m * scale_log2 + log2 l``)
+    are the same quantities for any reference max, so the contract holds unchanged."""
     rows = cute.size(s_mn, mode=[0])
     cols = cute.size(s_mn, mode=[1])
     safe = cute.make_rmem_tensor_like(row_max, Float32)
@@ -118,6 +125,10 @@ def online_softmax_rows(s_mn: cute.Tensor, row_max: cute.Tensor, row_sum: cute.T
         m = cute.arch.fmax(m, row_max[r])
         if const_expr(threads_in_group > 1):
             m = cute.arch.warp_reduction_max(m, threads_in_group=threads_in_group)
+        if const_expr(rescale_threshold is not None):
+            # keep the reference max unless the row grew past it by more than the threshold (an
+            # all -inf row so far: -inf - -inf is NaN, the compare is false, m stays -inf)
+            m = row_max[r] if (m - row_max[r]) * scale_log2 <= Float32(rescale_threshold) else m
         sm = Float32(0.0) if m == -Float32.inf else m
         alpha[r] = cute.math.exp2((row_max[r] - sm) * scale_log2, fastmath=True)
         row_max[r] = m
