@@ -87,14 +87,18 @@ def main(argv=None) -> int:
                         for n, g, r in zip(("dq", "dk", "dv"), got, ref)}
             finite[var] = all(bool(torch.isfinite(g).all()) for g in got)
         times = {key: [] for key in entries}
-        for _ in range(args.rounds):
-            for key, fn in entries.items():
-                times[key].append(float(do_bench(fn, warmup=10, rep=args.rep)))
+        keys = list(entries)
+        for r in range(args.rounds):  # each round starts one entry later (the clock drifts over a run)
+            for key in keys[r % len(keys):] + keys[:r % len(keys)]:
+                times[key].append(float(do_bench(entries[key], warmup=10, rep=args.rep)))
         med = {key: statistics.median(v) for key, v in times.items()}
+        # per round, cuDNN's time over the entry's (the same round): drift cancels
+        round_ratio = {key: statistics.median(c / t for c, t in zip(times["cudnn"], v)) for key, v in times.items()}
         flops = case.flops["bwd"]
         row = {"case": name, "seqlen": s, "topk": case.topk, "tiles": "full" if case.all_full else "partial",
                "ms_median": med, "ms_rounds": times, "effective_tflops": {k2: flops / m * 1e-9 for k2, m in med.items()},
                "ours_vs_cudnn": {var: med["cudnn"] / med[var] for var in args.variants},
+               "round_ratio_vs_cudnn": round_ratio,
                "max_rel_diff_vs_cudnn": err, "finite": finite}
         rows.append(row)
         print(json.dumps(row), flush=True)
