@@ -42,6 +42,11 @@ CONFIGS = {
     "groups4": {"_GATED_HEAD_GROUPS": 4, "_GATED_GROUP_MIN_TILES": 0},
     "groups2hp": {"_GATED_HEAD_GROUPS": 2, "_GATED_GROUP_MIN_TILES": 0, "_GATED_GLUE_PRIORITY": -1},
     "groups3hp": {"_GATED_HEAD_GROUPS": 3, "_GATED_GROUP_MIN_TILES": 0, "_GATED_GLUE_PRIORITY": -1},
+    # the sm90 forward's kernel configuration (backends.sm90_backend._FWD_VARIANT): Q columns in
+    # registers, the eager rescale of every step (the build before 2026-12-03)
+    "sm90-q64": {"backends.sm90_backend._FWD_VARIANT": {"q_regs": 64}},
+    "sm90-q112": {"backends.sm90_backend._FWD_VARIANT": {"q_regs": 112}},
+    "sm90-eager": {"backends.sm90_backend._FWD_VARIANT": {"lazy_rescale": False}},
 }
 # Measured and dropped (benchmarks/results/ab_vsa_glue_h200_v1.json, glue_h200_v7.json): phase 1
 # walking head_dim in 32- or 64-lane chunks (a D loop with pipelined loads) gave the same kernel
@@ -50,19 +55,23 @@ CONFIGS = {
 
 @contextlib.contextmanager
 def configured(name):
-    """``vsa_ops`` as configuration ``name`` of :data:`CONFIGS` says (any other name, e.g.
-    FastVideo's entry: unchanged), restored on exit."""
-    from fastvideo_cute import vsa_ops
+    """``vsa_ops`` (or, for a dotted key, that module of the package) as configuration ``name`` of
+    :data:`CONFIGS` says (any other name, e.g. FastVideo's entry: unchanged), restored on exit."""
+    import importlib
+
+    def target(key):  # "attr" of vsa_ops, or "module.path.attr" under fastvideo_cute
+        mod, _, attr = key.rpartition(".")
+        return importlib.import_module("fastvideo_cute." + (mod or "vsa_ops")), attr
 
     cfg = CONFIGS.get(name, {})
-    old = {a: getattr(vsa_ops, a) for a in cfg}
-    for a, v in cfg.items():
-        setattr(vsa_ops, a, v)
+    old = {key: getattr(*target(key)) for key in cfg}
+    for key, v in cfg.items():
+        setattr(*target(key), v)
     try:
         yield
     finally:
-        for a, v in old.items():
-            setattr(vsa_ops, a, v)
+        for key, v in old.items():
+            setattr(*target(key), v)
 
 
 def parse_args(argv=None):

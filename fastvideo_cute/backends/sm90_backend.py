@@ -41,6 +41,10 @@ from .base import CompileKey, Verdict, basic_key, module_installed
 __all__ = ["Sm90Backend"]
 
 _BLOCK = 64
+# The kernel configuration (``BlockSparseFwd64Sm90``'s keyword arguments) every call of this
+# backend compiles; None is the kernel's default. A setting for A/B runs (benchmarks/ab_vsa_glue.py
+# ``sm90-q64`` etc.), not an API: the warm-up compiles the default.
+_FWD_VARIANT = None
 _BLOCKS = (64, 128, 256)  # 128/256 run as the 64-token tiles that cover them (split_q2k)
 _DTYPES = (torch.float16, torch.bfloat16)
 _GRID_MAX = 65535  # gridDim.y (heads) and gridDim.z (batch): the launch grid is (Qb, H, B)
@@ -126,7 +130,7 @@ class Sm90Backend:
             if out_c is not None:  # one out_c row per 64-row tile
                 out_c = out_c.repeat_interleave(ratio, dim=2)
         return sm90_fwd64(q, k, v, q2k_idx, q2k_num, sizes, bshd=bshd, softmax_scale=sm_scale, gate=gate,
-                          out_c=out_c, out=out)
+                          out_c=out_c, out=out, variant=_FWD_VARIANT)
 
     def forward(self, q, k, v, sparsity, kv_block_sizes, *, block_size: int, bshd: bool, need_backward: bool,
                 sm_scale: float, kv_padding_zero: bool = False):

@@ -32,6 +32,11 @@ def test_ab_configs_set_existing_vsa_ops_settings(ab):
     assert ab.CONFIGS["default"] == {}
     for name, cfg in ab.CONFIGS.items():
         for attr, value in cfg.items():
+            if attr == "backends.sm90_backend._FWD_VARIANT":  # a kernel configuration it accepts
+                from fastvideo_cute.kernels.cute.block_sparse_fwd64 import sm90_kernel_class
+
+                sm90_kernel_class()("bfloat16", 128, **value)
+                continue
             assert hasattr(vsa_ops, attr), (name, attr)
             if attr == "_COARSE_PHASE_TILES":
                 resolve_fwd2_tiles(value, 128)  # raises on a tile the kernel does not take
@@ -52,6 +57,12 @@ def test_ab_configured_sets_and_restores(ab):
     assert (vsa_ops._COARSE_OVERLAP, vsa_ops._COARSE_VARIANT) == before
     with ab.configured("fastvideo"):  # not a configuration: nothing changes
         assert (vsa_ops._COARSE_OVERLAP, vsa_ops._COARSE_VARIANT) == before
+    from fastvideo_cute.backends import sm90_backend
+
+    assert sm90_backend._FWD_VARIANT is None
+    with ab.configured("sm90-q64"):  # a dotted key: that module's setting
+        assert sm90_backend._FWD_VARIANT == {"q_regs": 64}
+    assert sm90_backend._FWD_VARIANT is None
 
 
 def test_ab_parse_and_refuses_without_a_gpu(ab):
