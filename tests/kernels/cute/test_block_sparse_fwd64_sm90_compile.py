@@ -67,16 +67,9 @@ def test_bad_configuration_is_refused():
         cls("bfloat16", 128, q_regs=100)
     with pytest.raises(ValueError, match="q_regs"):
         cls("bfloat16", 64, q_regs=128)
-    with pytest.raises(ValueError, match="q_slot_k"):  # Q must leave its slot for registers
-        cls("bfloat16", 128, q_regs=112, k_stages=2, q_slot_k=True)
-    with pytest.raises(ValueError, match="q_slot_k"):  # a second K slot to take Q's place
-        cls("bfloat16", 128, q_regs=128, q_slot_k=True)
-    # Q in the last of two K slots: the shared memory of the default's one K slot + Q's buffer
-    assert cls("bfloat16", 128, q_regs=128, k_stages=2, q_slot_k=True).config()["q_slot_k"]
     assert cls("float16", 64, has_block_sizes=False).config() == {
         "dtype": "float16", "head_dim": 64, "has_block_sizes": False, "fuse_gate": False, "k_stages": 1,
-        "v_stages": 2, "ctas_per_sm": 3, "stmatrix_epilogue": False, "q_regs": 0, "lazy_rescale": True,
-        "q_slot_k": False}
+        "v_stages": 2, "ctas_per_sm": 3, "stmatrix_epilogue": False, "q_regs": 0, "lazy_rescale": True}
 
 
 def test_predicate_refuses_cpu_tensors_with_a_reason():

@@ -33,14 +33,13 @@ specialisation; the latency is hidden by three CTAs per SM, ``min_blocks_per_mp=
     rescaled; the rescale, when a row needs it, runs once P V[j-1] has retired (a conditional
     multiply of an accumulator beside a wgmma in flight makes ptxas serialise every wgmma of the
     kernel, C7515). Out and LSE are the same quantities for any reference max (P <= 2^8 instead of
-    <= 1; bf16/fp16 keep their relative precision). 4-8 % faster than rescaling every step on the
-    H200 (``benchmarks/results/fwd64_sm90_h200_v8.json``);
+    <= 1; bf16/fp16 keep their relative precision). 2-3 % faster than rescaling every step on the
+    H200 (``benchmarks/results/fwd64_sm90_h200_v9.json``);
   - ``q_regs`` (a configuration): Q's first ``q_regs`` columns in registers (ldmatrix once, at
     step 0) and those k-steps of S as RS wgmma, so S reads only K from shared memory there. All
     128 columns need 4 registers more than the 168 of three CTAs per SM (ptxas then spills the
-    first fragment and serialises the wgmmas); 112 fit (166 registers);
-  - ``q_slot_k`` (with all of Q in registers and ``k_stages >= 2``): Q arrives in the K ring's last
-    slot, which takes K once every thread holds Q, so two K slots cost no more shared memory;
+    first fragment and serialises the wgmmas); 112 fit (166 registers). Within +-1.5 % of the
+    default on the H200 (``fwd64_sm90_h200_v9.json``), so it stays off;
   - the pipeline is a configuration too (``k_stages`` 1-3 K slots, ``v_stages`` 2-3 V slots,
     ``ctas_per_sm``, ``stmatrix_epilogue``): with ``k_stages`` slots K[j + k_stages] is issued once
     S[j] retires, with three V slots V[j + 1] is issued at step j. The default (one K slot, two V
@@ -93,12 +92,10 @@ SMEM_PER_SM = 227 * 1024  # the H100/H200 shared memory a kernel may use per SM
 SMEM_RESERVED_PER_CTA = 1024  # the driver's per-CTA reservation
 
 
-def smem_bytes(head_dim: int, k_stages: int, v_stages: int, q_slot_k: bool = False) -> int:
+def smem_bytes(head_dim: int, k_stages: int, v_stages: int) -> int:
     """Dynamic shared memory of one CTA: Q + the K and V rings (64 x D, 2 B each), barriers and the
-    1 KB alignment slack of the buffers (``q_slot_k``: Q arrives in the K ring's last slot, no
-    buffer of its own)."""
-    tiles = (0 if q_slot_k else 1) + k_stages + v_stages
-    return BLOCK * head_dim * 2 * tiles + 8 * (2 + k_stages + v_stages) + 1024
+    1 KB alignment slack of the buffers."""
+    return BLOCK * head_dim * 2 * (1 + k_stages + v_stages) + 8 * (2 + k_stages + v_stages) + 1024
 
 
 @cute.jit
@@ -120,8 +117,7 @@ class BlockSparseFwd64Sm90(CuteKernel):
 
     def __init__(self, dtype: str = "bfloat16", head_dim: int = 128, *, has_block_sizes: bool = True,
                  fuse_gate: bool = False, k_stages: int = 1, v_stages: int = 2, ctas_per_sm: int = 3,
-                 stmatrix_epilogue: bool = False, q_regs: int = 0, lazy_rescale: bool = True,
-                 q_slot_k: bool = False):
+                 stmatrix_epilogue: bool = False, q_regs: int = 0, lazy_rescale: bool = True):
         if dtype not in DTYPE_NAMES:
             raise ValueError(f"dtype must be one of {DTYPE_NAMES}, got {dtype!r}")
         if head_dim not in HEAD_DIMS:
@@ -135,9 +131,7 @@ class BlockSparseFwd64Sm90(CuteKernel):
         if q_regs % 16 or not 0 <= q_regs <= head_dim:
             raise ValueError(f"q_regs (Q columns held in registers) must be a multiple of 16 in [0, head_dim], "
                              f"got {q_regs!r}")
-        if q_slot_k and not (q_regs == head_dim and k_stages >= 2):
-            raise ValueError("q_slot_k needs q_regs == head_dim (Q leaves its buffer for registers) and k_stages >= 2")
-        need = ctas_per_sm * (smem_bytes(head_dim, k_stages, v_stages, q_slot_k) + SMEM_RESERVED_PER_CTA)
+        need = ctas_per_sm * (smem_bytes(head_dim, k_stages, v_stages) + SMEM_RESERVED_PER_CTA)
         if need > SMEM_PER_SM:
             raise ValueError(f"k_stages={k_stages}, v_stages={v_stages} at head_dim {head_dim} need {need} B of "
                              f"shared memory for {ctas_per_sm} CTAs per SM; the SM has {SMEM_PER_SM}")
@@ -151,13 +145,12 @@ class BlockSparseFwd64Sm90(CuteKernel):
         self.stmatrix_epilogue = bool(stmatrix_epilogue)
         self.q_regs = int(q_regs)
         self.lazy_rescale = bool(lazy_rescale)
-        self.q_slot_k = bool(q_slot_k)
 
     def config(self) -> Mapping[str, Any]:
         return {"dtype": self.dtype_name, "head_dim": self.head_dim, "has_block_sizes": self.has_block_sizes,
                 "fuse_gate": self.fuse_gate, "k_stages": self.k_stages, "v_stages": self.v_stages,
                 "ctas_per_sm": self.ctas_per_sm, "stmatrix_epilogue": self.stmatrix_epilogue,
-                "q_regs": self.q_regs, "lazy_rescale": self.lazy_rescale, "q_slot_k": self.q_slot_k}
+                "q_regs": self.q_regs, "lazy_rescale": self.lazy_rescale}
 
     def fake_args(self) -> tuple:
         dt = _CUTE_DTYPES[self.dtype_name]
@@ -229,7 +222,7 @@ class BlockSparseFwd64Sm90(CuteKernel):
             bar_q: cute.struct.MemRange[cutlass.Int64, 1]
             bar_k: cute.struct.MemRange[cutlass.Int64, self.k_stages]
             bar_v: cute.struct.MemRange[cutlass.Int64, self.v_stages]
-            sQ: cute.struct.Align[cute.struct.MemRange[dt, 0 if const_expr(self.q_slot_k) else cute.cosize(sQ_layout)], 1024]
+            sQ: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sQ_layout)], 1024]
             sK: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sK_layout)], 1024]
             sV: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sV_layout)], 1024]
 
@@ -317,12 +310,8 @@ class BlockSparseFwd64Sm90(CuteKernel):
         bar_v = pipeline.MbarrierArray(storage.bar_v.data_ptr(), num_stages=vs, agent=(tma_op, one))
         cute.arch.mbarrier_init_fence()
 
+        sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
-        q_slot = ks - 1  # (q_slot_k) the K slot Q arrives in; it takes K only once Q is in registers
-        if const_expr(self.q_slot_k):
-            sQ = sK[None, None, q_slot]
-        else:
-            sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
         sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
 
         gQ = cute.local_tile(mQ[None, None, h, b], (BLOCK, d), (qt, 0))
@@ -375,7 +364,7 @@ class BlockSparseFwd64Sm90(CuteKernel):
             if warp_idx == 0:
                 self.load_tile(tma_atom_K, tKgK, tKsK, bar_k, tx["k"], 0, n_cur)
                 self.load_tile(tma_atom_V, tVgV, tVsV, bar_v, tx["v"], 0, n_cur)
-                for i in cutlass.range_constexpr(1, ks - 1 if const_expr(self.q_slot_k) else ks):
+                for i in cutlass.range_constexpr(1, ks):
                     if i < count:
                         self.load_tile(tma_atom_K, tKgK, tKsK, bar_k, tx["k"], i, gIdx[i])
                 for i in cutlass.range_constexpr(1, vs - 1):
@@ -391,10 +380,6 @@ class BlockSparseFwd64Sm90(CuteKernel):
             bar_q.wait(0, 0)
             if const_expr(self.q_regs > 0):
                 self.load_q_regs(mma_qk_rs, sQ, tSrQr, tidx)
-            if const_expr(self.q_slot_k):  # every thread's Q is in registers: the slot takes K[ks - 1]
-                cute.arch.barrier()
-                if warp_idx == 0 and ks - 1 < count:
-                    self.load_tile(tma_atom_K, tKgK, tKsK, bar_k, tx["k"], q_slot, gIdx[ks - 1])
             self.gemm_s(mma_qk, mma_qk_rs, acc_S, tSrQ, tSrQr, tSrK[None, None, None, 0])
             warpgroup.wait_group(0)
             if warp_idx == 0 and ks < count:  # K[ks] into the slot S[0] freed
@@ -488,11 +473,6 @@ class BlockSparseFwd64Sm90(CuteKernel):
         rO.store(acc_O.load().to(dt))
         cute.arch.barrier()  # every warp's wgmma reads of Q are done before Q's buffer takes O
         sO = sQ
-        if const_expr(self.q_slot_k and self.fuse_gate):
-            # Q's slot is a K slot: when the gate landed there, O goes to slot 0 (every S has retired
-            # and no K load is pending, so both slots are free but the gate's)
-            if count % ks == q_slot:
-                sO = sK[None, None, 0]
         if const_expr(self.stmatrix_epilogue):  # stmatrix: 4 8x8 matrices per instruction
             st_o = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(num_matrices=4), dt)
             thr_st = cute.make_tiled_copy_C(st_o, mma_pv).get_slice(tidx)
