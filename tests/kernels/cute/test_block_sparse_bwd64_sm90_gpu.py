@@ -70,13 +70,7 @@ WS_SMEM_KV = "ws:kv_regs=0"
 # q groups with dK/dV added by per-element fp32 reductions instead of the default's one bulk
 # reduce-add per warpgroup (bulk_dkv; its first GPU run, 2026-12-02: 13 passed)
 WS_GROUPS_REDG = "ws:group_blocks=3,group_min_blocks=0,bulk_dkv=0"
-# dQ = dS K split by columns between the two MMA warpgroups (dq_split), alone, with q groups, and
-# with the double-buffered P / dQ hand-offs (the dQ staging ring's two halves per buffer)
-WS_SPLIT = "ws:dq_split=1"
-WS_SPLIT_GROUPS = "ws:dq_split=1,group_blocks=3,group_min_blocks=0"
-WS_SPLIT_ALL = "ws:dq_split=1,p_stages=2,q_stages=2,dq_stages=2,group_blocks=2,group_min_blocks=0"
-MAINS = ["atomic", "ws", WS_GROUPS, WS_ALL, WS_SMEM_KV, WS_GROUPS_REDG,  # the single-warpgroup kernel and the WS one
-         WS_SPLIT, WS_SPLIT_GROUPS, WS_SPLIT_ALL]
+MAINS = ["atomic", "ws", WS_GROUPS, WS_ALL, WS_SMEM_KV, WS_GROUPS_REDG]  # the single-warpgroup kernel and the WS one
 
 
 @pytest.mark.parametrize("main", MAINS)
@@ -101,16 +95,14 @@ def test_sequence_lengths(nb, main):
     _vs_reference(dq_reduce=main, nb=nb, topk=min(3, nb), ragged=True)
 
 
-@pytest.mark.parametrize("dq_reduce", ["atomic", "bulk", "bulk-smemstats", "ws", WS_GROUPS, WS_ALL, WS_GROUPS_REDG,
-                                       WS_SPLIT, WS_SPLIT_GROUPS, WS_SPLIT_ALL])
+@pytest.mark.parametrize("dq_reduce", ["atomic", "bulk", "bulk-smemstats", "ws", WS_GROUPS, WS_ALL, WS_GROUPS_REDG])
 def test_bulk_dq_reduce_matches_reference(dq_reduce):
     """The main kernel's two dQ paths (fp32 atomics / the tile staged and bulk-reduced), B = 2,
     ragged NaN/Inf padding, top-k 5 (an odd list length: the staging slots alternate)."""
     _vs_reference(dq_reduce=dq_reduce, batch=2, topk=5, ragged=True, seed=3)
 
 
-@pytest.mark.parametrize("dq_reduce", ["atomic", "bulk", "bulk-smemstats", "ws", WS_GROUPS, WS_ALL, WS_GROUPS_REDG,
-                                       WS_SPLIT, WS_SPLIT_GROUPS, WS_SPLIT_ALL])
+@pytest.mark.parametrize("dq_reduce", ["atomic", "bulk", "bulk-smemstats", "ws", WS_GROUPS, WS_ALL, WS_GROUPS_REDG])
 def test_zero_count_kv_blocks_and_empty_q_blocks(dq_reduce):
     (dq, dk, dv), lse = _vs_reference(dq_reduce=dq_reduce, excluded=(2, 5), empty_q=(1,), ragged=True)
     for j in (2, 5):
@@ -136,8 +128,7 @@ def test_bad_input_is_refused_before_launch():
         A.sm90_block_sparse_bwd64(q.half(), k, v, o, do, lse, kidx, knum, vbs)
 
 
-@pytest.mark.parametrize("dq_reduce", ["atomic", "bulk", "bulk-smemstats", "ws", WS_GROUPS, WS_ALL, WS_GROUPS_REDG,
-                                       WS_SPLIT, WS_SPLIT_GROUPS, WS_SPLIT_ALL])
+@pytest.mark.parametrize("dq_reduce", ["atomic", "bulk", "bulk-smemstats", "ws", WS_GROUPS, WS_ALL, WS_GROUPS_REDG])
 def test_65536_tokens_vs_triton_and_run_to_run(dq_reduce):
     """1,024 kv blocks (the work order's regime), 12.5 % density, 4 heads: against the Triton
     backward; two runs: dk, dv bitwise, dq within the seed's summation-order bound. The

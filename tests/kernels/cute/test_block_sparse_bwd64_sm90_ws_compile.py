@@ -86,34 +86,6 @@ def test_grouped_build_adds_each_tile_by_one_bulk_reduction(kernel_report):
     assert sm90_ws_main_kernel(bulk_dkv=True).config()["bulk_dkv"] is False  # needs grouped
 
 
-@pytest.mark.parametrize("config", [{}, {"grouped": True}, {"p_stages": 2, "q_stages": 2, "dq_stages": 2}],
-                         ids=["plain", "grouped", "double-buffered"])
-def test_dq_split_gives_each_mma_warpgroup_half_of_dq(config):
-    """``dq_split``: dQ = dS K as two 64-column halves, one per MMA warpgroup (8 64x64x16 wgmma in
-    place of the 4 64x128x16 of WG2's whole dQ), two more named barriers (dS ready / free: 14 in
-    all), the same 4 TMA reduce boxes for the staged tile, no spill, wgmma not serialised."""
-    from functools import partial
-
-    from fastvideo_cute.compile_check import build_report
-    from fastvideo_cute.kernels.cute import CuteKernelSpec
-    from fastvideo_cute.kernels.cute.block_sparse_bwd64 import sm90_ws_main_kernel
-
-    spec = CuteKernelSpec(name=NAME + "_dq_split", archs=("sm_90a",),
-                          make=partial(sm90_ws_main_kernel, dq_split=True, **config),
-                          expect=("HGMMA", "UTMAREDG", "USETMAXREG"))
-    report = build_report(spec, "sm_90a")
-    print(report.line)
-    assert report.ok and report.spill == 0, report.line
-    shapes = _shapes(report)
-    assert shapes.count("64x64x16") == 8 + 8 + 4 + 4, shapes  # S^T, dP^T, dQ's two halves
-    assert shapes.count("64x128x16") == 4 + 4, shapes  # dV, dK
-    assert report.count("UTMAREDG") == 4
-    assert re.search(r"BAR\.SYNC\.DEFER_BLOCKING 0xc, 0x100\b", report.sass)  # WG1 waits for dS
-    assert re.search(r"BAR\.ARV 0xd, 0x100\b", report.sass)  # WG1 frees it
-    assert report.sass.count("WARPGROUP.DEPBAR") <= 8
-    assert sm90_ws_main_kernel(dq_split=True).config()["dq_split"] is True
-
-
 @pytest.mark.parametrize("bad, match", [(dict(p_stages=3), "p_stages"), (dict(dq_stages=0), "dq_stages"),
                                         (dict(q_stages=5), "q_stages"),
                                         (dict(q_stages=4, p_stages=2, dq_stages=2), "shared memory")])

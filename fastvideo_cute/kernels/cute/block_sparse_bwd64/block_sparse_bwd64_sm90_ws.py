@@ -17,9 +17,6 @@ three warpgroups that run concurrently (384 threads, one CTA per SM, ``setmaxnre
     WG2          dP^T = V dO^T (RS with V in registers / SS), dS^T = P^T * (dP^T - delta) with padded
                  keys 0 (select), dS written transposed by stmatrix, dQ = dS K (SS), dK += dS^T Q (RS),
                  dQ staged for the store warp while dK runs
-         (``dq_split``: WG1 computes and stages dQ's first 64 columns, WG2 the other 64, both from
-         the dS tile WG2 wrote, so each warpgroup issues 20 of the step's 40 64x64x16 wgmma units,
-         instead of 16 and 24)
 
 Hand-offs (named barriers; each is arrived by one side and waited by the other, equal counts):
 ``P_READY`` WG1 -> WG2 (P^T of the step is in ``sP``), ``P_FREE`` WG2 -> WG1 (``sP`` read; not
@@ -79,8 +76,6 @@ REGS_WG1 = 224
 REGS_WG2 = 256
 # named barrier ids (0 is the CTA-wide barrier); P_READY/P_FREE/DQ_FULL/DQ_FREE + stage
 P_READY, P_FREE, DQ_FULL, DQ_FREE, WG2_SYNC = 1, 3, 5, 7, 9
-# (dq_split) WG2 -> WG1: the step's dS is in sdS; WG1 -> WG2: WG1's dQ half has read it
-DS_READY, DS_FREE = 12, 13
 # bulk_dkv's epilogue: both MMA warpgroups out of their loops (then the Q and dO rings are free),
 # WG1's staging done (WG2's uses WG2_SYNC)
 EPI_SYNC, EPI_WG1 = 10, 11
@@ -109,7 +104,7 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
     name = "block_sparse_bwd64_sm90_ws"
 
     def __init__(self, q_stages: int = 3, p_stages: int = 1, dq_stages: int = 1, kv_regs: bool = True,
-                 grouped: bool = False, bulk_dkv: bool = True, dq_split: bool = False):
+                 grouped: bool = False, bulk_dkv: bool = True):
         """``q_stages``: depth of the Q and dO rings; ``p_stages`` / ``dq_stages``: buffers of the
         P^T hand-off and of the dQ staging tile (1 or 2: with 2 the producing side runs a step
         ahead); ``kv_regs``: WG1 holds K and WG2 holds V in registers (S^T and dP^T as RS wgmma,
@@ -121,9 +116,7 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
         the dO ring, after both MMA warpgroups left their loops; WG2: the Q ring) and adds it into
         the accumulator's 32 KB of rows by one bulk reduce-add (``cp.reduce.async.bulk``), instead of
         64 fp32 reductions per thread (the default: exact on the H200 and 2.9 % faster at 65,536
-        tokens than the reductions, ``benchmarks/results/bwd64_sm90_h200_v10.json``); ``dq_split``:
-        dQ = dS K in two 64-column halves, WG1's and WG2's (module docstring), with two more named
-        barriers for the dS tile (``DS_READY``, ``DS_FREE``)."""
+        tokens than the reductions, ``benchmarks/results/bwd64_sm90_h200_v10.json``)."""
         for name, v in (("p_stages", p_stages), ("dq_stages", dq_stages)):
             if v not in (1, MAX_STAGES):
                 raise ValueError(f"{name} must be 1 or {MAX_STAGES}, got {v}")
@@ -137,12 +130,10 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
         self.q_stages, self.p_stages, self.dq_stages = int(q_stages), int(p_stages), int(dq_stages)
         self.kv_regs, self.grouped = bool(kv_regs), bool(grouped)
         self.bulk_dkv = bool(bulk_dkv) and self.grouped
-        self.dq_split = bool(dq_split)
 
     def config(self):
         return {"q_stages": self.q_stages, "p_stages": self.p_stages, "dq_stages": self.dq_stages,
-                "kv_regs": self.kv_regs, "grouped": self.grouped, "bulk_dkv": self.bulk_dkv,
-                "dq_split": self.dq_split}
+                "kv_regs": self.kv_regs, "grouped": self.grouped, "bulk_dkv": self.bulk_dkv}
 
     # ------------------------------------------------------------------ host side
     @cute.jit
@@ -173,9 +164,8 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
                                                     a_source=a_src)
         mma_kv = sm90_helpers.make_trivial_tiled_mma(bf, bf, K_MAJ, MN_MAJ, Float32, (1, 1, 1),
                                                      tiler_mn=(BLOCK, HEAD_DIM), a_source=warpgroup.OperandSource.RMEM)
-        dq_cols = HEAD_DIM // 2 if const_expr(self.dq_split) else HEAD_DIM  # each warpgroup's dQ columns
         mma_dq = sm90_helpers.make_trivial_tiled_mma(bf, bf, K_MAJ, MN_MAJ, Float32, (1, 1, 1),
-                                                     tiler_mn=(BLOCK, dq_cols))
+                                                     tiler_mn=(BLOCK, HEAD_DIM))
 
         @cute.struct
         class SharedStorage:
@@ -263,8 +253,8 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
                     self.dq_store(tma_atom_dQ, mdQaccum, mIdx, dq_ring, storage, item, bh, nb, base, count)
             if wg == 1:
                 cute.arch.setmaxregister_increase(REGS_WG1)
-                self.wg_s_dv(mdV, mma_s, mma_kv, mma_dq, tile_layout, ring_layout, ds_layout, dq_ring, storage, bar_kv,
-                             pipe_q, pipe_do, scale_log2, tidx - WG, kv, bh, nb, count, size)
+                self.wg_s_dv(mdV, mma_s, mma_kv, tile_layout, ring_layout, storage, bar_kv, pipe_q, pipe_do,
+                             scale_log2, tidx - WG, kv, bh, nb, count, size)
             if wg == 2:
                 cute.arch.setmaxregister_increase(REGS_WG2)
                 self.wg_dp_dq_dk(mdK, mma_s, mma_kv, mma_dq, tile_layout, ring_layout, ds_layout, dq_ring, storage, bar_kv,
@@ -315,45 +305,16 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
             d = t % self.dq_stages
             # the reductions of step t - dq_stages (the same buffer) have read it
             cute.arch.cp_async_bulk_wait_group(self.dq_stages - 1, read=True)
-            cute.arch.barrier_arrive(barrier_id=DQ_FREE + d, number_of_threads=self.dq_threads())
-            cute.arch.barrier(barrier_id=DQ_FULL + d, number_of_threads=self.dq_threads())
+            cute.arch.barrier_arrive(barrier_id=DQ_FREE + d, number_of_threads=WG + 32)
+            cute.arch.barrier(barrier_id=DQ_FULL + d, number_of_threads=WG + 32)
             cute.copy(tma_atom_dQ, tDsD[None, d], tDgD[None, rb])
             cute.arch.cp_async_bulk_commit_group()
         cute.arch.cp_async_bulk_wait_group(0, read=True)  # the buffer stays until the TMA unit has read it
 
-    def dq_threads(self) -> int:
-        """Threads on the dQ staging barriers: the store warp and the warpgroup(s) staging dQ."""
-        return (2 * WG if self.dq_split else WG) + 32
-
+    # ---- WG1: S, P, dV
     @cute.jit
-    def dq_half(self, mma_dq, storage, ds_layout, dq_ring, tile_layout, wtid, half: cutlass.Constexpr):
-        """(``dq_split``) The fragments of dQ[:, half*64 : half*64 + 64] = dS K[:, that half]: A the
-        dS tile, B that half of K^T (both in shared memory), and the half of the dQ staging ring."""
-        sK = storage.sK.get_tensor(tile_layout.outer, swizzle=tile_layout.inner)
-        sdS = storage.sdS.get_tensor(ds_layout.outer, swizzle=ds_layout.inner)
-        sdQ = storage.sdQ.get_tensor(dq_ring.outer, swizzle=dq_ring.inner)
-        cols = HEAD_DIM // 2
-        sKt = cute.local_tile(layout_utils.transpose_view(sK), (cols, BLOCK), (half, 0))
-        thr_dq = mma_dq.get_slice(wtid)
-        tQrdS = thr_dq.make_fragment_A(thr_dq.partition_A(sdS))
-        tQrKt = thr_dq.make_fragment_B(thr_dq.partition_B(sKt))
-        tQsdQ = thr_dq.partition_C(cute.local_tile(sdQ, (BLOCK, cols, self.dq_stages), (0, half, 0)))
-        acc = cute.make_rmem_tensor(thr_dq.partition_shape_C((BLOCK, cols)), Float32)
-        return tQrdS, tQrKt, tQsdQ, acc
-
-    @cute.jit
-    def stage_dq(self, acc_dQ, tQsdQ, d):
-        """This warpgroup's dQ (its part of the tile) into staging buffer ``d`` once the store warp
-        has freed it, then handed to the store warp."""
-        cute.arch.barrier(barrier_id=DQ_FREE + d, number_of_threads=self.dq_threads())
-        cute.autovec_copy(acc_dQ, tQsdQ[None, None, None, d])
-        cute.arch.fence_proxy("async.shared", space="cta")
-        cute.arch.barrier_arrive(barrier_id=DQ_FULL + d, number_of_threads=self.dq_threads())
-
-    # ---- WG1: S, P, dV (and with dq_split dQ's first half)
-    @cute.jit
-    def wg_s_dv(self, mdV, mma_s, mma_kv, mma_dq, tile_layout, ring_layout, ds_layout, dq_ring, storage, bar_kv, pipe_q,
-                pipe_do, scale_log2, wtid, kv, bh, nb, count, size):
+    def wg_s_dv(self, mdV, mma_s, mma_kv, tile_layout, ring_layout, storage, bar_kv, pipe_q, pipe_do, scale_log2,
+                wtid, kv, bh, nb, count, size):
         bf = self.dtype
         sK = storage.sK.get_tensor(tile_layout.outer, swizzle=tile_layout.inner)
         sQ = storage.sQ.get_tensor(ring_layout.outer, swizzle=ring_layout.inner)
@@ -374,16 +335,10 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
         rP = cute.make_rmem_tensor_like(tP_view, bf)
         num_cols = cute.size(acc_S_mn, mode=[1])
         lse2 = cute.make_rmem_tensor((num_cols,), Float32)
-        tQrdS, tQrKt, tQsdQ, acc_dQ = acc_S, acc_S, acc_S, acc_S  # placeholders without dq_split
-        if const_expr(self.dq_split):
-            tQrdS, tQrKt, tQsdQ, acc_dQ = self.dq_half(mma_dq, storage, ds_layout, dq_ring, tile_layout, wtid, 0)
 
         bar_kv.wait(0, 0)
         if const_expr(self.kv_regs):
             self.load_a_regs(mma_s, sK, tSrK, wtid)
-        if const_expr(self.dq_split):  # WG2 zeroes K's padded rows before dQ first reads them
-            if size < BLOCK:
-                cute.arch.barrier(barrier_id=DS_READY, number_of_threads=2 * WG)
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.q_stages)
         for t in cutlass.range(count, unroll=1):
             s = state.index
@@ -402,17 +357,8 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
             cute.arch.barrier_arrive(barrier_id=P_READY + ps, number_of_threads=2 * WG)
             pipe_do.consumer_wait(state)
             wgmma_gemm(mma_kv, acc_dV, rP, tVrdOt[None, None, None, s], False)
-            if const_expr(self.dq_split):  # dQ's first half from WG2's dS, while dV runs
-                cute.arch.barrier(barrier_id=DS_READY, number_of_threads=2 * WG)
-                wgmma_gemm(mma_dq, acc_dQ, tQrdS, tQrKt, True)
-                warpgroup.wait_group(0)
-                pipe_do.consumer_release(state)
-                if t + 1 < count:  # WG2 writes the next step's dS
-                    cute.arch.barrier_arrive(barrier_id=DS_FREE, number_of_threads=2 * WG)
-                self.stage_dq(acc_dQ, tQsdQ, t % self.dq_stages)
-            else:
-                warpgroup.wait_group(0)
-                pipe_do.consumer_release(state)
+            warpgroup.wait_group(0)
+            pipe_do.consumer_release(state)
             state.advance()
         if const_expr(self.bulk_dkv):  # into the dO ring, once WG2 (the ring's other reader) is done
             cute.arch.barrier(barrier_id=EPI_SYNC, number_of_threads=2 * WG)
@@ -442,13 +388,8 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
         tPrV = thr_s.make_fragment_A(thr_s.partition_A(sV))  # registers with kv_regs (loaded below)
         tPrdO = thr_s.make_fragment_B(thr_s.partition_B(sdO))
         tKrQt = thr_kv.make_fragment_B(thr_kv.partition_B(sQt))
-        if const_expr(self.dq_split):
-            tQrdS, tQrKt, tQsdQ, acc_dQ = self.dq_half(mma_dq, storage, ds_layout, dq_ring, tile_layout, wtid, 1)
-        else:
-            tQrdS = thr_dq.make_fragment_A(thr_dq.partition_A(sdS))
-            tQrKt = thr_dq.make_fragment_B(thr_dq.partition_B(sKt))
-            acc_dQ = cute.make_rmem_tensor(thr_dq.partition_shape_C((BLOCK, HEAD_DIM)), Float32)
-            tQsdQ = thr_dq.partition_C(sdQ)  # (..., dq stage)
+        tQrdS = thr_dq.make_fragment_A(thr_dq.partition_A(sdS))
+        tQrKt = thr_dq.make_fragment_B(thr_dq.partition_B(sKt))
         acc_dP = cute.make_rmem_tensor(thr_s.partition_shape_C((BLOCK, BLOCK)), Float32)
         acc_dK = cute.make_rmem_tensor(thr_kv.partition_shape_C((BLOCK, HEAD_DIM)), Float32)
         acc_dK.fill(0.0)
@@ -461,6 +402,8 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
         # dS^T (accumulator order) -> dS [q, kv] by stmatrix (transposing)
         copy_dS, _, _ = quack_copy.get_smem_store_C(mma_s, sdSt, wtid, transpose=True, position_independent=True,
                                                      major_mode_size=BLOCK)
+        acc_dQ = cute.make_rmem_tensor(thr_dq.partition_shape_C((BLOCK, HEAD_DIM)), Float32)
+        tQsdQ = thr_dq.partition_C(sdQ)  # (..., dq stage)
         num_cols = cute.size(acc_dP_mn, mode=[1])
         delta = cute.make_rmem_tensor((num_cols,), Float32)
 
@@ -472,8 +415,6 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
                 sK[r, wtid] = bf(0.0)
             cute.arch.fence_proxy("async.shared", space="cta")
             cute.arch.barrier(barrier_id=WG2_SYNC, number_of_threads=WG)
-            if const_expr(self.dq_split):  # WG1's dQ half reads K too
-                cute.arch.barrier_arrive(barrier_id=DS_READY, number_of_threads=2 * WG)
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.q_stages)
         for t in cutlass.range(count, unroll=1):
             s = state.index
@@ -492,18 +433,16 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
             pipe_do.consumer_release(state)
             dscores_t(rP_mn, acc_dP_mn, tScS_mn, delta, size)
             rdS.store(tdS_view.load().to(bf))
-            if const_expr(self.dq_split):
-                if t > 0:  # WG1's dQ half of the previous step has read sdS
-                    cute.arch.barrier(barrier_id=DS_FREE, number_of_threads=2 * WG)
             copy_dS(rdS)
             cute.arch.fence_proxy("async.shared", space="cta")
             cute.arch.barrier(barrier_id=WG2_SYNC, number_of_threads=WG)
-            if const_expr(self.dq_split):
-                cute.arch.barrier_arrive(barrier_id=DS_READY, number_of_threads=2 * WG)
             wgmma_gemm(mma_dq, acc_dQ, tQrdS, tQrKt, True)
             wgmma_gemm(mma_kv, acc_dK, rdS, tKrQt[None, None, None, s], False)
             warpgroup.wait_group(1)  # dQ done (dK may still run)
-            self.stage_dq(acc_dQ, tQsdQ, d)
+            cute.arch.barrier(barrier_id=DQ_FREE + d, number_of_threads=WG + 32)
+            cute.autovec_copy(acc_dQ, tQsdQ[None, None, None, d])
+            cute.arch.fence_proxy("async.shared", space="cta")
+            cute.arch.barrier_arrive(barrier_id=DQ_FULL + d, number_of_threads=WG + 32)
             warpgroup.wait_group(0)
             pipe_q.consumer_release(state)
             state.advance()
