@@ -115,9 +115,9 @@ def sm90_fwd64(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q2k_idx: torch
     gate composition without a pass of its own; the LSE stays the sparse branch's. Verified on the
     H200 (tests/kernels/cute/test_block_sparse_fwd64_sm90_gpu.py::test_fused_gate_matches_reference).
 
-    ``variant``: the kernel's pipeline configuration (``k_stages``, ``v_stages``, ``ctas_per_sm``,
-    ``stmatrix_epilogue`` of ``BlockSparseFwd64Sm90``), for the benchmark's sweep; None is the
-    kernel's default.
+    ``variant``: the kernel's configuration (``k_stages``, ``v_stages``, ``ctas_per_sm``,
+    ``stmatrix_epilogue``, ``q_regs``, ``lazy_rescale`` of ``BlockSparseFwd64Sm90``), for the
+    benchmarks' sweeps and the GPU tests; None is the kernel's default.
 
     ``out``: where the output goes (q's shape, dtype and layout, any strides that pass
     :func:`tma_problem`, e.g. a head slice of a bigger tensor); None allocates it."""
