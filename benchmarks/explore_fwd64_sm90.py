@@ -63,17 +63,6 @@ def parse_variant(spec: str) -> dict:
         key, val = _VARIANT_FLAGS[flag]
         out[key] = val
     return out
-    if rest.endswith("st"):
-        out["stmatrix_epilogue"], rest = True, rest[:-2]
-    for key, val in re.findall(r"([kvc])(\d)", rest):
-        out[_VARIANT_KEYS[key]] = int(val)
-    rest = re.sub(r"[kvc]\d", "", rest)
-    for flag in rest:
-        if flag not in _VARIANT_FLAGS:
-            raise SystemExit(f"bad --variants entry {spec!r} (e.g. k2v3c2st, ql, base)")
-        key, val = _VARIANT_FLAGS[flag]
-        out[key] = val
-    return out
 
 
 def exactness(variant=None):
