@@ -18,7 +18,9 @@ call (no grad) with a gate that the ``sm90`` backend serves, verified on this ar
 or Triton forced: its kernel fuses the
 gate composition into the forward's epilogue and masks K/V padding itself, 1.01-1.06x the cuDNN
 path (``benchmarks/results/fwd64_sm90_h200_v5.json``). Plain ``block_sparse_attn`` calls keep
-the table (cuDNN: the plain sm90 kernel is 0.99-1.00x its forward).
+the table (which ranks ``sm90`` first for the 64-token forward and the 128/256-token partial-tile
+forwards; its kernel is 1.02-1.03x cuDNN's blk64 forward since it rescales lazily,
+``benchmarks/results/fwd64_sm90_h200_v9.json``).
 
 A forced backend that cannot serve a call raises :class:`RouteError` with the reason. An
 automatic fallback (CuTe asked for, not forced by name, cannot serve this call) logs the reason

@@ -1,13 +1,12 @@
 """Host side of our sm_90a 64-token forward (``kernels/cute/block_sparse_fwd64/block_sparse_fwd64_sm90``).
 
-Verified on the H200 (tests/kernels/cute/test_block_sparse_fwd64_sm90_gpu.py: 18 passed, the
-fused-gate epilogue's ``test_fused_gate_matches_reference`` included). Served by the ``sm90``
-backend (:mod:`fastvideo_cute.backends.sm90_backend`), which the router picks for one call class
-only: ``video_sparse_attn`` inference (no grad) on sm_90 with 64-token blocks and a gate, where the
-fused gate saves cuDNN's padding-zeroed V copy and the separate gate pass (1.01-1.06x the cuDNN
-path, ``benchmarks/results/fwd64_sm90_h200_v3.json``). Plain ``block_sparse_attn`` calls stay on
-cuDNN BSA's blk64 forward (the plain kernel is 0.93-1.0x cuDNN's,
-``benchmarks/results/fwd64_sm90_h200.json``); the backend serves them only when named.
+Verified on the H200 (tests/kernels/cute/test_block_sparse_fwd64_sm90_gpu.py over the default,
+``q_regs=112`` and eager-rescale builds, the fused-gate epilogue included:
+tests/logs/h200_2026-12-03_fwd64_lazy_0dfff81.log). Served by the ``sm90`` backend
+(:mod:`fastvideo_cute.backends.sm90_backend`): the route table's sm_90 64-token forward and
+128/256-token partial-tile forwards (1.02-1.03x cuDNN BSA's blk64 kernel with the lazy rescale,
+``benchmarks/results/fwd64_sm90_h200_v9.json``), and ``video_sparse_attn``'s gated inference calls,
+where the fused gate also saves cuDNN's padding-zeroed V copy and the separate gate pass.
 
 :func:`sm90_fwd64` takes the library's q2k lists (``q2k_idx`` int32 ``[B, H, Qb, W]``, first
 ``q2k_num`` entries selected, the rest never read; ``q2k_num`` int32 ``[B, H, Qb]``) and the kv

@@ -2,10 +2,11 @@
 
 Hopper: ``block_sparse_fwd64_sm90.BlockSparseFwd64Sm90`` (wgmma + TMA, one warpgroup, three CTAs
 per SM; sm_90a), verified on the H200 (tests/kernels/cute/test_block_sparse_fwd64_sm90_gpu.py) and
-measured beside cuDNN BSA's blk64 forward (``benchmarks/explore_fwd64_sm90.py``: about 0.98x
-its rate, both L2-bound: docs/hopper-64-token.md). Routed (the ``sm90`` backend) for
-``video_sparse_attn``'s gated inference calls, with the gate composition fused in its epilogue
-(``fuse_gate``); plain block-sparse calls keep cuDNN.
+measured beside cuDNN BSA's blk64 forward (``benchmarks/explore_fwd64_sm90.py``: 1.02-1.03x
+its rate with the lazy rescale, docs/hopper-64-token.md). Routed (the ``sm90`` backend) for the
+64-token forward and the 128/256-token partial-tile forwards by the route table, and for
+``video_sparse_attn``'s gated inference calls with the gate composition fused in its epilogue
+(``fuse_gate``).
 
 Only data-center Blackwell is targeted: sm_100 (B200/GB200) and sm_103 run the tcgen05 + TMA
 kernel (``block_sparse_fwd64_sm100.BlockSparseFwd64Sm100``). UNVERIFIED ON HARDWARE: it compiles
