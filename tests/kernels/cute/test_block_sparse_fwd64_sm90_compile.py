@@ -20,6 +20,20 @@ pytest.importorskip("cutlass")
 NAME = "block_sparse_fwd64_sm90"
 
 
+
+def _variant_report(name: str = "block_sparse_fwd64_sm90_variant", expect=("HGMMA", "UTMALDG"),
+                    forbid=("HMMA", "UTCHMMA"), **config):
+    """Build the sm_90a kernel in configuration ``config`` (``sm90_kernel``'s keywords) and return
+    its compile report (registers, spill, SASS)."""
+    from functools import partial
+
+    from fastvideo_cute.kernels.cute import CuteKernelSpec
+    from fastvideo_cute.kernels.cute.block_sparse_fwd64 import sm90_kernel
+
+    spec = CuteKernelSpec(name=name, archs=("sm_90a",), make=partial(sm90_kernel, **config), expect=expect,
+                          forbid=forbid)
+    return build_report(spec, "sm_90a")
+
 def test_compile_check_passes(kernel_report):
     report = kernel_report(NAME, "sm_90a")
     print(report.line)
@@ -83,15 +97,7 @@ def test_fused_gate_variant_compiles_within_the_register_budget():
     """The epilogue variant with the VSA gate composition (``fuse_gate``; verified on the H200 by the GPU test file):
     still three CTAs per SM (measured 167 registers, nvidia-cutlass-dsl 4.8.1), no spill, one more
     TMA load (the gate tile) than the plain kernel."""
-    from functools import partial
-
-    from fastvideo_cute.kernels.cute import CuteKernelSpec
-    from fastvideo_cute.kernels.cute.block_sparse_fwd64 import sm90_kernel
-
-    spec = CuteKernelSpec(name="block_sparse_fwd64_sm90_gate", archs=("sm_90a",),
-                          make=partial(sm90_kernel, fuse_gate=True), expect=("HGMMA", "UTMALDG"),
-                          forbid=("HMMA", "UTCHMMA"))
-    fused = build_report(spec, "sm_90a")
+    fused = _variant_report("block_sparse_fwd64_sm90_gate", fuse_gate=True)
     print(fused.line)
     assert fused.ok, fused.line
     assert fused.regs <= 168 and fused.spill == 0, fused.line
@@ -107,15 +113,7 @@ def test_pipeline_variants_compile(pipeline):
     with wgmma and TMA and no spill; their K (and V) loads add TMA issue sites (measured
     nvidia-cutlass-dsl 4.8.1: 14 / 16 UTMALDG against 12 for the default), the stmatrix epilogue
     STSM stores."""
-    from functools import partial
-
-    from fastvideo_cute.kernels.cute import CuteKernelSpec
-    from fastvideo_cute.kernels.cute.block_sparse_fwd64 import sm90_kernel
-
-    spec = CuteKernelSpec(name="block_sparse_fwd64_sm90_variant", archs=("sm_90a",),
-                          make=partial(sm90_kernel, **pipeline), expect=("HGMMA", "UTMALDG"),
-                          forbid=("HMMA", "UTCHMMA"))
-    report = build_report(spec, "sm_90a")
+    report = _variant_report(**pipeline)
     print(report.line)
     assert report.ok and report.spill == 0, report.line
     if pipeline.get("k_stages", 1) > 1:
@@ -163,16 +161,7 @@ def test_register_and_pipeline_variants_keep_wgmma_pipelined(config):
     serialise every wgmma of the kernel (C7515: 34 waits, one per HGMMA, measured with
     nvidia-cutlass-dsl 4.8.1; these builds have 4). Q's columns in registers show as one ldmatrix
     (LDSM) per 16 columns and HGMMAs with a register A operand."""
-    import re
-    from functools import partial
-
-    from fastvideo_cute.kernels.cute import CuteKernelSpec
-    from fastvideo_cute.kernels.cute.block_sparse_fwd64 import sm90_kernel
-
-    spec = CuteKernelSpec(name="block_sparse_fwd64_sm90_variant", archs=("sm_90a",),
-                          make=partial(sm90_kernel, **config), expect=("HGMMA", "UTMALDG"),
-                          forbid=("HMMA", "UTCHMMA"))
-    report = build_report(spec, "sm_90a")
+    report = _variant_report(**config)
     print(report.line)
     assert report.ok and report.spill == 0, report.line
     assert report.regs <= (255 if config.get("ctas_per_sm") == 2 else 168), report.line
@@ -188,12 +177,5 @@ def test_full_q_in_registers_at_three_ctas_is_serialised():
     """Why ``q_regs`` stops at 112 at three CTAs per SM: all 128 columns spill a Q fragment and
     serialise the wgmmas (the measurement behind the docstring; if a compiler fits it, this fails
     and the option's limit can move)."""
-    from functools import partial
-
-    from fastvideo_cute.kernels.cute import CuteKernelSpec
-    from fastvideo_cute.kernels.cute.block_sparse_fwd64 import sm90_kernel
-
-    spec = CuteKernelSpec(name="block_sparse_fwd64_sm90_variant", archs=("sm_90a",),
-                          make=partial(sm90_kernel, q_regs=128), expect=("HGMMA",), forbid=())
-    report = build_report(spec, "sm_90a")
+    report = _variant_report(expect=("HGMMA",), forbid=(), q_regs=128)
     assert report.spill > 0 and _serialised_wgmma(report.sass) > 30, report.line
