@@ -23,10 +23,12 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seqlen", type=int, default=32768)
+    ap.add_argument("--variant", default="base", help="our kernel's build, explore_fwd64_sm90's grammar (e.g. h)")
     args = ap.parse_args(argv)
     import torch
 
     from bench_vsa import Case
+    from explore_fwd64_sm90 import parse_variant
     from fastvideo_cute.adapters import cudnn_bsa as C
     from fastvideo_cute.adapters.cudnn_bsa_metadata import build_cudnn_metadata
     from fastvideo_cute.adapters.cute_sm90_fwd64 import sm90_fwd64
@@ -39,12 +41,13 @@ def main(argv=None) -> int:
     idx, num = idx.to(torch.int32).contiguous(), num.to(torch.int32).contiguous()
     meta = build_cudnn_metadata(idx, num, case.sizes, block_size=64, batch=1, heads=12, q_len=case.seqlen,
                                 kv_len=case.seqlen, all_full=True)
+    variant = parse_variant(args.variant)
     for _ in range(3):  # compile and warm both
-        sm90_fwd64(q, k, v, idx, num, None, bshd=True)
+        sm90_fwd64(q, k, v, idx, num, None, bshd=True, variant=variant)
         C.cudnn_fwd_prebuilt(q, k, v, meta, bshd=True, softmax_scale=None)
     torch.cuda.synchronize()
     torch.cuda.cudart().cudaProfilerStart()
-    sm90_fwd64(q, k, v, idx, num, None, bshd=True)
+    sm90_fwd64(q, k, v, idx, num, None, bshd=True, variant=variant)
     C.cudnn_fwd_prebuilt(q, k, v, meta, bshd=True, softmax_scale=None)
     torch.cuda.synchronize()
     torch.cuda.cudart().cudaProfilerStop()

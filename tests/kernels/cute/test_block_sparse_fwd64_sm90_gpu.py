@@ -11,10 +11,13 @@ first H200 run decides whether it holds; tolerance as the plain output's, the co
 rounded once). A case with every kv tile a random size in [0, 64] refills the K/V slots with
 tiles of every size one after another.
 
-Every case runs on three builds (the ``variant`` fixture): the default (``lazy_rescale``: O is
+Every case runs on four builds (the ``variant`` fixture): the default (``lazy_rescale``: O is
 rescaled only when a row's max passes its reference max by more than 2^8), Q's first 112 columns in
-registers (``q_regs=112``), and the eager rescale of every step (``lazy_rescale=False``, the build
-before 2026-12-03). ``test_lazy_rescale_*`` build score sequences whose max climbs in steps below and
+registers (``q_regs=112``), the eager rescale of every step (``lazy_rescale=False``, the build
+before 2026-12-03), and K's ring as three half tiles (``k_halves``; head_dim 128 only, the
+head_dim-64 case runs the default there). ``test_every_list_length`` walks lists of 0-8 entries
+with and without the gate, so every phase of the K ring (three slots for two halves per step) and
+of the gate's slot is reached. ``test_lazy_rescale_*`` build score sequences whose max climbs in steps below and
 above the threshold, and one that only falls, so that both branches of the rescale run.
 
 Tolerances: measured on the H200 (2026-12-01) max |out - ref| 1.3e-3 to 6.8e-3 (bf16 out: half an
@@ -37,7 +40,8 @@ from fastvideo_cute.metadata import map_to_index  # noqa: E402
 
 OUT_TOL = {torch.bfloat16: 1.6e-2, torch.float16: 2e-3}
 
-VARIANTS = {"default": None, "q112": {"q_regs": 112}, "eager": {"lazy_rescale": False}}
+VARIANTS = {"default": None, "q112": {"q_regs": 112}, "eager": {"lazy_rescale": False},
+            "khalves": {"k_halves": True}}
 
 
 @pytest.fixture(params=list(VARIANTS), ids=list(VARIANTS))
@@ -102,6 +106,8 @@ def test_matches_reference_with_poisoned_padding(bshd, dtype, shape, variant):
     B, H, SQ, SK, D = shape
     if D == 64 and variant and variant.get("q_regs", 0) > D:
         variant = {**variant, "q_regs": 48}  # the same option at head_dim 64 (its limit is head_dim)
+    if D == 64 and variant and variant.get("k_halves"):
+        variant = None  # k_halves is a head_dim-128 layout
     q, k, v, bm, sizes = _case(bshd, B, H, SQ, SK, D, dtype, {2: 0, 5: 17, 6: 16, 7: 32, SK // 64 - 1: 41})
     o, lse = _check_poisoned(q, k, v, bm, sizes, bshd, dtype, variant)
     # the query tile with no entry: exactly 0 and -inf
@@ -138,6 +144,38 @@ def test_nan_in_a_visible_query_row_propagates(variant):
     out, lse = _run(q, k, v, bm, sizes, False, variant=variant)
     assert torch.isnan(out[0, 0, 3]).all() and torch.isnan(lse[0, 0, 3])
     assert torch.isfinite(out[0, 0, 4]).all()
+
+
+@pytest.mark.parametrize("gated", [False, True], ids=["plain", "gate"])
+def test_every_list_length(gated, variant):
+    """Query tile i of head h selects i + h kv tiles (0-8, a random choice of the 12, one of them
+    partial), so lists of every length up to 8 run: the first steps, the ring's wrap and, with the
+    gate, its tile in the K slots after every possible number of K loads."""
+    B, H, S, D = 1, 2, 768, 128
+    q, k, v, bm, sizes = _case(False, B, H, S, S, D, torch.bfloat16, {4: 23}, seed=11)
+    g = torch.Generator(device="cuda").manual_seed(12)
+    bm.zero_()
+    for h in range(H):
+        for i in range(S // 64):
+            n = min(i + h, 8)
+            bm[0, h, i, torch.randperm(S // 64, device="cuda", generator=g)[:n]] = True
+    _poison_padding(v, sizes, False, float("inf"))
+    _poison_padding(k, sizes, False, float("nan"))
+    idx, num = map_to_index(bm)
+    idx, num = idx.to(torch.int32).contiguous(), num.to(torch.int32).contiguous()
+    ro, rl = reference.block_sparse_attn_reference(q.float(), k.float(), v.float(), bm, sizes, 64)
+    if gated:
+        gate = torch.rand(q.shape, device="cuda", dtype=torch.bfloat16, generator=g)
+        out_c = torch.randn(B, H, S // 64, D, device="cuda", dtype=torch.bfloat16, generator=g)
+        out, lse = sm90_fwd64(q, k, v, idx, num, sizes, bshd=False, gate=gate, out_c=out_c, variant=variant)
+        ro = reference.gate_compose_reference(ro, out_c, gate, 64)
+    else:
+        out, lse = sm90_fwd64(q, k, v, idx, num, sizes, bshd=False, variant=variant)
+    assert torch.isfinite(out).all()
+    assert (out.float() - ro).abs().max() <= OUT_TOL[torch.bfloat16]
+    finite = torch.isfinite(rl)
+    assert torch.equal(finite, torch.isfinite(lse))
+    assert (lse - rl)[finite].abs().max() <= 1e-4
 
 
 def test_65536_tokens_run_to_run_bitwise(variant):
