@@ -47,8 +47,9 @@ CONFIGS = {
     "sm90-q64": {"backends.sm90_backend._FWD_VARIANT": {"q_regs": 64}},
     "sm90-q112": {"backends.sm90_backend._FWD_VARIANT": {"q_regs": 112}},
     "sm90-eager": {"backends.sm90_backend._FWD_VARIANT": {"lazy_rescale": False}},
-    # K's ring as three half tiles (a tile's first half issued a step ahead)
-    "sm90-khalves": {"backends.sm90_backend._FWD_VARIANT": {"k_halves": True}},
+    # the row-max shuffles and the O rescale skipped where a warp's lanes all keep their maxima
+    "sm90-vote": {"backends.sm90_backend._FWD_VARIANT": {"lazy_vote": True}},
+    "sm90-novote": {"backends.sm90_backend._FWD_VARIANT": {"lazy_vote": False}},
 }
 # Measured and dropped (benchmarks/results/ab_vsa_glue_h200_v1.json, glue_h200_v7.json): phase 1
 # walking head_dim in 32- or 64-lane chunks (a D loop with pipelined loads) gave the same kernel

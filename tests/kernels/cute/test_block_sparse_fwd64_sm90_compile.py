@@ -81,16 +81,12 @@ def test_bad_configuration_is_refused():
         cls("bfloat16", 128, q_regs=100)
     with pytest.raises(ValueError, match="q_regs"):
         cls("bfloat16", 64, q_regs=128)
+    with pytest.raises(ValueError, match="lazy_vote"):
+        cls("bfloat16", 128, lazy_rescale=False, lazy_vote=True)
     assert cls("float16", 64, has_block_sizes=False).config() == {
         "dtype": "float16", "head_dim": 64, "has_block_sizes": False, "fuse_gate": False, "k_stages": 1,
         "v_stages": 2, "ctas_per_sm": 3, "stmatrix_epilogue": False, "q_regs": 0, "lazy_rescale": True,
-        "k_halves": False}
-    # k_halves: K's ring as three 64 x 64 half tiles (head_dim 128, one K stage, Q from shared memory);
-    # 72 KB + barriers still fit three times
-    for bad in (dict(head_dim=64), dict(k_stages=2, ctas_per_sm=2), dict(q_regs=64)):
-        with pytest.raises(ValueError, match="k_halves"):
-            cls("bfloat16", **{"head_dim": 128, **bad}, k_halves=True)
-    assert cls("bfloat16", 128, k_halves=True).config()["k_halves"] is True
+        "lazy_vote": False}
 
 
 def test_predicate_refuses_cpu_tensors_with_a_reason():
@@ -160,10 +156,10 @@ def _serialised_wgmma(sass: str) -> int:
 
 @pytest.mark.parametrize("config", [{}, {"lazy_rescale": False}, {"q_regs": 64}, {"q_regs": 112},
                                     {"q_regs": 112, "fuse_gate": True}, {"q_regs": 128, "ctas_per_sm": 2},
-                                    {"head_dim": 64, "q_regs": 64}, {"k_halves": True},
-                                    {"k_halves": True, "fuse_gate": True}],
-                         ids=["default", "eager", "q64", "q112", "q112-gate", "q128-c2", "d64-q64", "khalves",
-                              "khalves-gate"])
+                                    {"head_dim": 64, "q_regs": 64}, {"lazy_vote": True},
+                                    {"lazy_vote": True, "fuse_gate": True}],
+                         ids=["default", "eager", "q64", "q112", "q112-gate", "q128-c2", "d64-q64", "vote",
+                              "vote-gate"])
 def test_register_and_pipeline_variants_keep_wgmma_pipelined(config):
     """The rescale and Q-in-registers options build with no spill and with their wgmmas pipelined:
     a conditional rescale of O beside a wgmma in flight, or a spilled Q fragment, made ptxas
@@ -180,8 +176,8 @@ def test_register_and_pipeline_variants_keep_wgmma_pipelined(config):
     # S's k-steps with A from registers (P V's have a transposed B: ``gdesc[..].tnspB``)
     rs_s = re.findall(r"HGMMA\.64x64x16\.F32\.\w+ R\d+, R\d+, gdesc\[\w+\],", report.sass)
     assert len(rs_s) == (2 * q_regs // 16), report.line  # S's RS k-steps, at two issue sites
-    if config.get("k_halves"):  # K's half loads: measured 13 issue sites against the default's 12 (17 gated)
-        assert report.count("UTMALDG") >= 13, report.line
+    # lazy_vote: one warp-wide vote on the kept maxima per softmax (two sites: the first step, the loop)
+    assert report.count("VOTE.ALL") == (2 if config.get("lazy_vote") else 0), report.line
 
 
 def test_full_q_in_registers_at_three_ctas_is_serialised():

@@ -14,10 +14,9 @@ tiles of every size one after another.
 Every case runs on four builds (the ``variant`` fixture): the default (``lazy_rescale``: O is
 rescaled only when a row's max passes its reference max by more than 2^8), Q's first 112 columns in
 registers (``q_regs=112``), the eager rescale of every step (``lazy_rescale=False``, the build
-before 2026-12-03), and K's ring as three half tiles (``k_halves``; head_dim 128 only, the
-head_dim-64 case runs the default there). ``test_every_list_length`` walks lists of 0-8 entries
-with and without the gate, so every phase of the K ring (three slots for two halves per step) and
-of the gate's slot is reached. ``test_lazy_rescale_*`` build score sequences whose max climbs in steps below and
+before 2026-12-03), and ``lazy_vote`` (a warp whose lanes all keep their reference maxima skips
+the row-max shuffles and the rescale). ``test_every_list_length`` walks lists of 0-8 entries with
+and without the gate, so every ring phase of the K/V slots and of the gate's slot is reached. ``test_lazy_rescale_*`` build score sequences whose max climbs in steps below and
 above the threshold, and one that only falls, so that both branches of the rescale run.
 
 Tolerances: measured on the H200 (2026-12-01) max |out - ref| 1.3e-3 to 6.8e-3 (bf16 out: half an
@@ -41,7 +40,7 @@ from fastvideo_cute.metadata import map_to_index  # noqa: E402
 OUT_TOL = {torch.bfloat16: 1.6e-2, torch.float16: 2e-3}
 
 VARIANTS = {"default": None, "q112": {"q_regs": 112}, "eager": {"lazy_rescale": False},
-            "khalves": {"k_halves": True}}
+            "vote": {"lazy_vote": True}}
 
 
 @pytest.fixture(params=list(VARIANTS), ids=list(VARIANTS))
@@ -106,8 +105,6 @@ def test_matches_reference_with_poisoned_padding(bshd, dtype, shape, variant):
     B, H, SQ, SK, D = shape
     if D == 64 and variant and variant.get("q_regs", 0) > D:
         variant = {**variant, "q_regs": 48}  # the same option at head_dim 64 (its limit is head_dim)
-    if D == 64 and variant and variant.get("k_halves"):
-        variant = None  # k_halves is a head_dim-128 layout
     q, k, v, bm, sizes = _case(bshd, B, H, SQ, SK, D, dtype, {2: 0, 5: 17, 6: 16, 7: 32, SK // 64 - 1: 41})
     o, lse = _check_poisoned(q, k, v, bm, sizes, bshd, dtype, variant)
     # the query tile with no entry: exactly 0 and -inf

@@ -92,12 +92,10 @@ SMEM_PER_SM = 227 * 1024  # the H100/H200 shared memory a kernel may use per SM
 SMEM_RESERVED_PER_CTA = 1024  # the driver's per-CTA reservation
 
 
-def smem_bytes(head_dim: int, k_stages: int, v_stages: int, k_halves: bool = False) -> int:
+def smem_bytes(head_dim: int, k_stages: int, v_stages: int) -> int:
     """Dynamic shared memory of one CTA: Q + the K and V rings (64 x D, 2 B each), barriers and the
-    1 KB alignment slack of the buffers. ``k_halves``: K's ring is three half tiles (64 x D/2)."""
-    tile = BLOCK * head_dim * 2
-    k_bytes, k_bars = (3 * tile // 2, 3) if k_halves else (k_stages * tile, k_stages)
-    return tile * (1 + v_stages) + k_bytes + 8 * (2 + k_bars + v_stages) + 1024
+    1 KB alignment slack of the buffers."""
+    return BLOCK * head_dim * 2 * (1 + k_stages + v_stages) + 8 * (2 + k_stages + v_stages) + 1024
 
 
 @cute.jit
@@ -120,7 +118,7 @@ class BlockSparseFwd64Sm90(CuteKernel):
     def __init__(self, dtype: str = "bfloat16", head_dim: int = 128, *, has_block_sizes: bool = True,
                  fuse_gate: bool = False, k_stages: int = 1, v_stages: int = 2, ctas_per_sm: int = 3,
                  stmatrix_epilogue: bool = False, q_regs: int = 0, lazy_rescale: bool = True,
-                 k_halves: bool = False):
+                 lazy_vote: bool = False):
         if dtype not in DTYPE_NAMES:
             raise ValueError(f"dtype must be one of {DTYPE_NAMES}, got {dtype!r}")
         if head_dim not in HEAD_DIMS:
@@ -134,10 +132,7 @@ class BlockSparseFwd64Sm90(CuteKernel):
         if q_regs % 16 or not 0 <= q_regs <= head_dim:
             raise ValueError(f"q_regs (Q columns held in registers) must be a multiple of 16 in [0, head_dim], "
                              f"got {q_regs!r}")
-        if k_halves and (head_dim != 128 or k_stages != 1 or q_regs):
-            raise ValueError(f"k_halves (K's ring as three 64 x 64 half tiles) needs head_dim 128, k_stages 1 and "
-                             f"q_regs 0, got head_dim={head_dim!r}, k_stages={k_stages!r}, q_regs={q_regs!r}")
-        need = ctas_per_sm * (smem_bytes(head_dim, k_stages, v_stages, k_halves) + SMEM_RESERVED_PER_CTA)
+        need = ctas_per_sm * (smem_bytes(head_dim, k_stages, v_stages) + SMEM_RESERVED_PER_CTA)
         if need > SMEM_PER_SM:
             raise ValueError(f"k_stages={k_stages}, v_stages={v_stages} at head_dim {head_dim} need {need} B of "
                              f"shared memory for {ctas_per_sm} CTAs per SM; the SM has {SMEM_PER_SM}")
@@ -151,13 +146,16 @@ class BlockSparseFwd64Sm90(CuteKernel):
         self.stmatrix_epilogue = bool(stmatrix_epilogue)
         self.q_regs = int(q_regs)
         self.lazy_rescale = bool(lazy_rescale)
-        self.k_halves = bool(k_halves)
+        if lazy_vote and not lazy_rescale:
+            raise ValueError("lazy_vote (skip the row-max reduction where every lane keeps its reference max) "
+                             "needs lazy_rescale")
+        self.lazy_vote = bool(lazy_vote)
 
     def config(self) -> Mapping[str, Any]:
         return {"dtype": self.dtype_name, "head_dim": self.head_dim, "has_block_sizes": self.has_block_sizes,
                 "fuse_gate": self.fuse_gate, "k_stages": self.k_stages, "v_stages": self.v_stages,
                 "ctas_per_sm": self.ctas_per_sm, "stmatrix_epilogue": self.stmatrix_epilogue,
-                "q_regs": self.q_regs, "lazy_rescale": self.lazy_rescale, "k_halves": self.k_halves}
+                "q_regs": self.q_regs, "lazy_rescale": self.lazy_rescale, "lazy_vote": self.lazy_vote}
 
     def fake_args(self) -> tuple:
         dt = _CUTE_DTYPES[self.dtype_name]
@@ -197,24 +195,18 @@ class BlockSparseFwd64Sm90(CuteKernel):
         k_atom = warpgroup.make_smem_layout_atom(warpgroup.SmemLayoutAtomKind.K_SW128, dt)
         mn_atom = warpgroup.make_smem_layout_atom(warpgroup.SmemLayoutAtomKind.MN_SW128, dt)
         sQ_layout = cute.tile_to_shape(k_atom, (BLOCK, d), order=(0, 1))
-        k_cols = d // 2 if const_expr(self.k_halves) else d  # (k_halves) a K slot holds 64 of D's columns
-        k_slots = 3 if const_expr(self.k_halves) else self.k_stages
-        sK_layout = cute.tile_to_shape(k_atom, (BLOCK, k_cols, k_slots), order=(0, 1, 2))
+        sK_layout = cute.tile_to_shape(k_atom, (BLOCK, d, self.k_stages), order=(0, 1, 2))
         sK_one = cute.slice_(sK_layout, (None, None, 0))
-        # the gate tile (fuse_gate) as a whole 64 x D tile in K's buffer: with k_halves it spans half
-        # slots 0 and 1 (a K_SW128 tile of 128 columns is its two 64-column halves back to back)
-        sG_layout = cute.tile_to_shape(k_atom, (BLOCK, d, 1), order=(0, 1, 2)) if const_expr(self.k_halves) else sK_layout
-        sG_one = cute.slice_(sG_layout, (None, None, 0))
         sV_layout = cute.tile_to_shape(mn_atom, (d, BLOCK, self.v_stages), order=(1, 0, 2))
         sV_one = cute.slice_(sV_layout, (None, None, 0))
 
         g2s = cpasync.CopyBulkTensorTileG2SOp()
         tma_atom_Q, tma_Q = cpasync.make_tiled_tma_atom(g2s, mQ, sQ_layout, (BLOCK, d))
-        tma_atom_K, tma_K = cpasync.make_tiled_tma_atom(g2s, mK, sK_one, (BLOCK, k_cols))
+        tma_atom_K, tma_K = cpasync.make_tiled_tma_atom(g2s, mK, sK_one, (BLOCK, d))
         tma_atom_V, tma_V = cpasync.make_tiled_tma_atom(g2s, mV, sV_one, (d, BLOCK))
         tma_atom_O, tma_O = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileS2GOp(), mO, sQ_layout, (BLOCK, d))
         if const_expr(self.fuse_gate):  # the gate tile lands in K's slot once the last S has retired
-            tma_atom_G, tma_G = cpasync.make_tiled_tma_atom(g2s, static_dim(mGate, 1), sG_one, (BLOCK, d))
+            tma_atom_G, tma_G = cpasync.make_tiled_tma_atom(g2s, static_dim(mGate, 1), sK_one, (BLOCK, d))
         else:
             tma_atom_G, tma_G = tma_atom_K, tma_K  # placeholders, never used
         out_c = mOutC if const_expr(self.fuse_gate) else mNum
@@ -233,7 +225,7 @@ class BlockSparseFwd64Sm90(CuteKernel):
         @cute.struct
         class SharedStorage:
             bar_q: cute.struct.MemRange[cutlass.Int64, 1]
-            bar_k: cute.struct.MemRange[cutlass.Int64, k_slots]
+            bar_k: cute.struct.MemRange[cutlass.Int64, self.k_stages]
             bar_v: cute.struct.MemRange[cutlass.Int64, self.v_stages]
             sQ: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sQ_layout)], 1024]
             sK: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sK_layout)], 1024]
@@ -245,7 +237,7 @@ class BlockSparseFwd64Sm90(CuteKernel):
         self.kernel(
             tma_atom_Q, tma_Q, tma_atom_K, tma_K, tma_atom_V, tma_V, tma_atom_O, tma_O, tma_atom_G, tma_G, out_c,
             mLSE, mIdx, mNum, sizes,
-            sQ_layout, sK_layout, sG_layout, sV_layout, mma_qk, mma_qk_rs, mma_pv, scale_log2, SharedStorage,
+            sQ_layout, sK_layout, sV_layout, mma_qk, mma_qk_rs, mma_pv, scale_log2, SharedStorage,
         ).launch(grid=grid, block=(THREADS, 1, 1), smem=SharedStorage.size_in_bytes(), stream=stream,
                  # three CTAs per SM: ptxas caps a thread at 65536 / 384 registers; the full
                  # shared-memory carveout is asked for explicitly (it also keeps the build free of
@@ -288,8 +280,7 @@ class BlockSparseFwd64Sm90(CuteKernel):
     def kernel(self, tma_atom_Q: cute.CopyAtom, mQ: cute.Tensor, tma_atom_K: cute.CopyAtom, mK: cute.Tensor,
                tma_atom_V: cute.CopyAtom, mV: cute.Tensor, tma_atom_O: cute.CopyAtom, mO: cute.Tensor,
                tma_atom_G: cute.CopyAtom, mG: cute.Tensor, mOutC: cute.Tensor, mLSE: cute.Tensor, mIdx: cute.Tensor, mNum: cute.Tensor, mSizes,
-               sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout, sG_layout: cute.ComposedLayout,
-               sV_layout: cute.ComposedLayout,
+               sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout, sV_layout: cute.ComposedLayout,
                mma_qk: cute.TiledMma, mma_qk_rs: cute.TiledMma, mma_pv: cute.TiledMma, scale_log2: Float32,
                SharedStorage: cutlass.Constexpr):
         d = self.head_dim
@@ -307,9 +298,7 @@ class BlockSparseFwd64Sm90(CuteKernel):
         seqlen_k = mK.shape[0]
         width = mIdx.shape[0]
         ks, vs = self.k_stages, self.v_stages
-        k_slots = 3 if const_expr(self.k_halves) else ks
         tx = {"q": cute.size_in_bytes(dt, sQ_layout), "k": cute.size_in_bytes(dt, cute.slice_(sK_layout, (None, None, 0))),
-              "g": cute.size_in_bytes(dt, cute.slice_(sG_layout, (None, None, 0))),
               "v": cute.size_in_bytes(dt, cute.slice_(sV_layout, (None, None, 0)))}
 
         if warp_idx == 0:
@@ -322,22 +311,16 @@ class BlockSparseFwd64Sm90(CuteKernel):
         tma_op = pipeline.PipelineOp.TmaLoad
         one = pipeline.CooperativeGroup(pipeline.Agent.Thread)
         bar_q = pipeline.MbarrierArray(storage.bar_q.data_ptr(), num_stages=1, agent=(tma_op, one))
-        bar_k = pipeline.MbarrierArray(storage.bar_k.data_ptr(), num_stages=k_slots, agent=(tma_op, one))
+        bar_k = pipeline.MbarrierArray(storage.bar_k.data_ptr(), num_stages=ks, agent=(tma_op, one))
         bar_v = pipeline.MbarrierArray(storage.bar_v.data_ptr(), num_stages=vs, agent=(tma_op, one))
         cute.arch.mbarrier_init_fence()
 
         sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
-        sG = sK  # (fuse_gate) the gate tile's view of K's buffer
-        if const_expr(self.k_halves):
-            sG = storage.sK.get_tensor(sG_layout.outer, swizzle=sG_layout.inner)
         sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
 
         gQ = cute.local_tile(mQ[None, None, h, b], (BLOCK, d), (qt, 0))
-        # (64, D, kv tiles), or with k_halves (64, D/2, kv tiles, 2 halves)
-        gK = cute.local_tile(mK[None, None, h, b], (BLOCK, d), (None, 0))
-        if const_expr(self.k_halves):
-            gK = cute.local_tile(mK[None, None, h, b], (BLOCK, d // 2), (None, None))
+        gK = cute.local_tile(mK[None, None, h, b], (BLOCK, d), (None, 0))  # (64, D, kv tiles)
         gV = cute.local_tile(mV[None, None, h, b], (d, BLOCK), (0, None))  # (D, 64, kv tiles)
         gO = cute.local_tile(mO[None, None, h, b], (BLOCK, d), (qt, 0))
         unit = cute.make_layout(1)
@@ -366,6 +349,8 @@ class BlockSparseFwd64Sm90(CuteKernel):
         row_max = cute.make_rmem_tensor((num_rows,), Float32)
         row_sum = cute.make_rmem_tensor((num_rows,), Float32)
         alpha = cute.make_rmem_tensor((num_rows,), Float32)
+        neg_scaled = cute.make_rmem_tensor((num_rows,), Float32)  # (lazy_vote) -(max * scale_log2), carried
+        neg_scaled.fill(0.0)
         row_max.fill(-Float32.inf)
         row_sum.fill(0.0)
         alpha.fill(1.0)
@@ -383,15 +368,8 @@ class BlockSparseFwd64Sm90(CuteKernel):
         if count > 0:
             # Prologue: K[0 .. ks-1] fill the K ring, V[0 .. vs-2] the V ring (V[j + vs - 2] is
             # issued at step j, into the slot whose P V retired at step j - 1).
-            # (k_halves: half loads t = 0, 1 are K[0]'s halves, t = 2 K[1]'s first half)
             if warp_idx == 0:
-                if const_expr(self.k_halves):
-                    self.load_k_half(tma_atom_K, tKgK, tKsK, bar_k, tx["k"], Int32(0), n_cur)
-                    self.load_k_half(tma_atom_K, tKgK, tKsK, bar_k, tx["k"], Int32(1), n_cur)
-                    if count > 1:
-                        self.load_k_half(tma_atom_K, tKgK, tKsK, bar_k, tx["k"], Int32(2), gIdx[1])
-                else:
-                    self.load_tile(tma_atom_K, tKgK, tKsK, bar_k, tx["k"], 0, n_cur)
+                self.load_tile(tma_atom_K, tKgK, tKsK, bar_k, tx["k"], 0, n_cur)
                 self.load_tile(tma_atom_V, tVgV, tVsV, bar_v, tx["v"], 0, n_cur)
                 for i in cutlass.range_constexpr(1, ks):
                     if i < count:
@@ -402,42 +380,26 @@ class BlockSparseFwd64Sm90(CuteKernel):
             n_next = Int32(0)
             if count > 1:
                 n_next = gIdx[1]
-            n_next2 = Int32(0)  # (k_halves) the list entry two ahead
-            if const_expr(self.k_halves):
-                if count > 2:
-                    n_next2 = gIdx[2]
             keys_cur = self.tile_keys(mSizes, n_cur, seqlen_k)
 
             # ---- step 0: S[0], no P V yet
-            if const_expr(self.k_halves):
-                bar_q.wait(0, 0)
-                self.gemm_s_halves(mma_qk, acc_S, tSrQ, tSrK, bar_k, Int32(0))
-                warpgroup.wait_group(0)
-                if warp_idx == 0:  # K[1]'s second half and K[2]'s first into the half slots S[0] freed
-                    self.load_k_ahead(tma_atom_K, tKgK, tKsK, bar_k, tx["k"], Int32(0), count, n_next, n_next2)
-            else:
-                bar_k.wait(0, 0)
-                bar_q.wait(0, 0)
-                if const_expr(self.q_regs > 0):
-                    self.load_q_regs(mma_qk_rs, sQ, tSrQr, tidx)
-                self.gemm_s(mma_qk, mma_qk_rs, acc_S, tSrQ, tSrQr, tSrK[None, None, None, 0])
-                warpgroup.wait_group(0)
-                if warp_idx == 0 and ks < count:  # K[ks] into the slot S[0] freed
-                    self.load_tile(tma_atom_K, tKgK, tKsK, bar_k, tx["k"], 0, n_next if const_expr(ks == 1) else gIdx[ks])
-            self.softmax(acc_S, acc_S_mn, tScS, keys_cur, row_max, row_sum, alpha, scale_log2)
+            bar_k.wait(0, 0)
+            bar_q.wait(0, 0)
+            if const_expr(self.q_regs > 0):
+                self.load_q_regs(mma_qk_rs, sQ, tSrQr, tidx)
+            self.gemm_s(mma_qk, mma_qk_rs, acc_S, tSrQ, tSrQr, tSrK[None, None, None, 0])
+            warpgroup.wait_group(0)
+            if warp_idx == 0 and ks < count:  # K[ks] into the slot S[0] freed
+                self.load_tile(tma_atom_K, tKgK, tKsK, bar_k, tx["k"], 0, n_next if const_expr(ks == 1) else gIdx[ks])
+            self.softmax(acc_S, acc_S_mn, tScS, keys_cur, row_max, row_sum, alpha, neg_scaled, scale_log2)
             rP.store(tP_view.load().to(dt))
             keys_prev = keys_cur
 
             # ---- steps 1 .. count-1: S[j] in flight with P V[j-1]
             for j in cutlass.range(1, count, unroll=1):
                 n_cur = n_next
-                if const_expr(self.k_halves):
-                    n_next = n_next2
-                    if j + 2 < count:
-                        n_next2 = gIdx[j + 2]
-                else:
-                    if j + 1 < count:
-                        n_next = gIdx[j + 1]
+                if j + 1 < count:
+                    n_next = gIdx[j + 1]
                 n_k = n_next  # K[j + ks]'s tile: read now, issued once S[j] retires
                 if const_expr(ks > 1):
                     if j + ks < count:
@@ -446,11 +408,8 @@ class BlockSparseFwd64Sm90(CuteKernel):
                 if warp_idx == 0 and j + vs - 2 < count:  # V[j + vs - 2]
                     self.load_tile(tma_atom_V, tVgV, tVsV, bar_v, tx["v"], (j + vs - 2) % vs, n_cur if const_expr(vs == 2) else n_next)
                 k_slot = j % ks
-                if const_expr(self.k_halves):
-                    self.gemm_s_halves(mma_qk, acc_S, tSrQ, tSrK, bar_k, 2 * j)
-                else:
-                    bar_k.wait(k_slot, (j // ks) % 2)
-                    self.gemm_s(mma_qk, mma_qk_rs, acc_S, tSrQ, tSrQr, tSrK[None, None, None, k_slot])
+                bar_k.wait(k_slot, (j // ks) % 2)
+                self.gemm_s(mma_qk, mma_qk_rs, acc_S, tSrQ, tSrQr, tSrK[None, None, None, k_slot])
                 if const_expr(not self.lazy_rescale):  # beside S[j] (lazy: after P V[j-1], below)
                     self.rescale_o(acc_O_mn, alpha, num_rows)
                 prev = (j - 1) % vs
@@ -459,25 +418,26 @@ class BlockSparseFwd64Sm90(CuteKernel):
                     self.zero_v_padding(sV, prev, keys_prev, tidx)
                 self.gemm_pv(mma_pv, acc_O, rP, tOrV[None, None, None, prev], keys_prev)
                 warpgroup.wait_group(1)  # S[j] retired; P V[j-1] may still run
-                if const_expr(self.k_halves):
-                    if warp_idx == 0:
-                        self.load_k_ahead(tma_atom_K, tKgK, tKsK, bar_k, tx["k"], j, count, n_next, n_next2)
-                else:
-                    if warp_idx == 0 and j + ks < count:
-                        self.load_tile(tma_atom_K, tKgK, tKsK, bar_k, tx["k"], k_slot, n_k)
-                self.softmax(acc_S, acc_S_mn, tScS, keys_cur, row_max, row_sum, alpha, scale_log2)
+                if warp_idx == 0 and j + ks < count:
+                    self.load_tile(tma_atom_K, tKgK, tKsK, bar_k, tx["k"], k_slot, n_k)
+                moved = self.softmax(acc_S, acc_S_mn, tScS, keys_cur, row_max, row_sum, alpha, neg_scaled,
+                                     scale_log2)
                 warpgroup.wait_group(0)  # P V[j-1] retired: P's registers are free
                 if const_expr(self.lazy_rescale):
                     # no wgmma in flight: a conditional rescale beside one would make ptxas
                     # serialise every wgmma of the kernel (C7515)
-                    self.rescale_o(acc_O_mn, alpha, num_rows)
+                    if const_expr(self.lazy_vote):
+                        if moved:  # (warp-uniform) some row of this warp moved its reference max
+                            self.rescale_o(acc_O_mn, alpha, num_rows)
+                    else:
+                        self.rescale_o(acc_O_mn, alpha, num_rows)
                 rP.store(tP_view.load().to(dt))
                 keys_prev = keys_cur
 
             # ---- drain: P V[count-1]; every S has retired, so the gate tile can take a K slot
             if const_expr(self.fuse_gate):
                 if warp_idx == 0:
-                    self.load_gate(tma_atom_G, mG, sG, bar_k, tx["g"], self.gate_slot(count), qt, h, b)
+                    self.load_gate(tma_atom_G, mG, sK, bar_k, tx["k"], count % ks, qt, h, b)
             last = (count - 1) % vs
             if const_expr(not self.lazy_rescale):  # (lazy: done at the end of the last step)
                 self.rescale_o(acc_O_mn, alpha, num_rows)
@@ -491,7 +451,7 @@ class BlockSparseFwd64Sm90(CuteKernel):
             bar_q.wait(0, 0)  # Q landed before its buffer takes O
             if const_expr(self.fuse_gate):
                 if warp_idx == 0:
-                    self.load_gate(tma_atom_G, mG, sG, bar_k, tx["g"], Int32(0), qt, h, b)
+                    self.load_gate(tma_atom_G, mG, sK, bar_k, tx["k"], Int32(0), qt, h, b)
 
         # ---- epilogue: normalise, LSE, O through Q's buffer by TMA
         tOcO_mn = layout_utils.reshape_acc_to_mn(thr_pv.partition_C(cute.make_identity_tensor((BLOCK, d))))
@@ -500,16 +460,11 @@ class BlockSparseFwd64Sm90(CuteKernel):
         rG_mn = acc_O_mn  # (unused without the gate)
         if const_expr(self.fuse_gate):
             # the gate tile is K slot (count % ks)'s (count // ks + 1)-th completion: count // ks
-            # K tiles went through that slot before it (k_halves: half slot 0's, after the
-            # ceil(2 count / 3) half loads t = 0, 3, 6, ... of the 2 count)
-            g_slot = self.gate_slot(count)
-            g_phase = (count // self.k_stages) % 2
-            if const_expr(self.k_halves):
-                g_phase = ((2 * count + 2) // 3) % 2
-            bar_k.wait(g_slot, g_phase)
+            # K tiles went through that slot before it
+            g_slot = count % self.k_stages
+            bar_k.wait(g_slot, (count // self.k_stages) % 2)
             rG = cute.make_rmem_tensor_like(acc_O, dt)
-            g_view = sG[None, None, 0] if const_expr(self.k_halves) else sK[None, None, g_slot]
-            cute.copy(thr_copy_O, thr_copy_O.partition_S(g_view), thr_copy_O.retile(rG))
+            cute.copy(thr_copy_O, thr_copy_O.partition_S(sK[None, None, g_slot]), thr_copy_O.retile(rG))
             rG_mn = layout_utils.reshape_acc_to_mn(rG)
         num_cols = cute.size(acc_O_mn, mode=[1])
         oc = cute.make_rmem_tensor((num_cols,), Float32)
@@ -553,35 +508,6 @@ class BlockSparseFwd64Sm90(CuteKernel):
         cute.copy(tma_atom, tXgX[None, n], tXsX[None, slot], tma_bar_ptr=bar.get_barrier(slot))
 
     @cute.jit
-    def load_k_half(self, tma_atom: cute.CopyAtom, tKgK: cute.Tensor, tKsK: cute.Tensor, bar, tx_bytes: cutlass.Constexpr,
-                    t: Int32, n: Int32):
-        """(warp 0, ``k_halves``) half load ``t``: half ``t % 2`` (D's columns 0-63 or 64-127) of kv tile
-        ``n`` into half slot ``t % 3``, on that slot's barrier. Tile j's halves are loads 2 j, 2 j + 1."""
-        slot = t % 3
-        bar.arrive_and_expect_tx(slot, tx_bytes)
-        cute.copy(tma_atom, tKgK[None, n, t % 2], tKsK[None, slot], tma_bar_ptr=bar.get_barrier(slot))
-
-    @cute.jit
-    def load_k_ahead(self, tma_atom: cute.CopyAtom, tKgK: cute.Tensor, tKsK: cute.Tensor, bar,
-                     tx_bytes: cutlass.Constexpr, j: Int32, count: Int32, n_next: Int32, n_next2: Int32):
-        """(warp 0, ``k_halves``) once S[j] has retired, its two half slots take K[j+1]'s second half
-        (load 2 j + 3, into the slot of 2 j) and K[j+2]'s first (2 j + 4, into the slot of 2 j + 1):
-        a tile's first half is issued a step before its second."""
-        if j + 1 < count:
-            self.load_k_half(tma_atom, tKgK, tKsK, bar, tx_bytes, 2 * j + 3, n_next)
-        if j + 2 < count:
-            self.load_k_half(tma_atom, tKgK, tKsK, bar, tx_bytes, 2 * j + 4, n_next2)
-
-    @cute.jit
-    def gate_slot(self, count: Int32) -> Int32:
-        """(``fuse_gate``) The K slot the gate tile takes once every S has retired (``k_halves``: half
-        slots 0 and 1, on slot 0's barrier)."""
-        slot = count % self.k_stages
-        if const_expr(self.k_halves):
-            slot = Int32(0)
-        return slot
-
-    @cute.jit
     def load_gate(self, tma_atom_G, mG: cute.Tensor, sK: cute.Tensor, bar_k, tx_bytes: cutlass.Constexpr,
                   slot: Int32, qt: Int32, h: Int32, b: Int32):
         """(warp 0) The query tile's gate rows into K slot ``slot``, on that slot's barrier."""
@@ -616,25 +542,6 @@ class BlockSparseFwd64Sm90(CuteKernel):
                 ss.set(warpgroup.Field.ACCUMULATE, True)
                 for k in cutlass.range_constexpr(self.q_regs // PV_STEP, self.head_dim // PV_STEP):
                     cute.gemm(ss, acc, tSrQ[None, None, k], tSrK[None, None, k], acc)
-            warpgroup.commit_group()
-
-    @cute.jit
-    def gemm_s_halves(self, mma_ss: cute.TiledMma, acc: cute.Tensor, tSrQ: cute.Tensor, tSrK: cute.Tensor, bar_k,
-                      t0: Int32):
-        """(``k_halves``) S = Q K^T as two wgmma groups, one per half of D: the first once half load
-        ``t0`` has landed, the second once ``t0 + 1`` has (its wait runs while the first computes)."""
-        halves = cute.size(tSrK.shape[2])  # k-steps per half
-        atom = cute.make_mma_atom(mma_ss.op)
-        atom.set(warpgroup.Field.ACCUMULATE, False)
-        for hf in cutlass.range_constexpr(2):
-            t = t0 + hf
-            slot = t % 3
-            bar_k.wait(slot, (t // 3) % 2)
-            if const_expr(hf == 0):
-                warpgroup.fence()
-            for k in cutlass.range_constexpr(halves):
-                cute.gemm(atom, acc, tSrQ[None, None, hf * halves + k], tSrK[None, None, k, slot], acc)
-                atom.set(warpgroup.Field.ACCUMULATE, True)
             warpgroup.commit_group()
 
     @cute.jit
@@ -682,10 +589,13 @@ class BlockSparseFwd64Sm90(CuteKernel):
 
     @cute.jit
     def softmax(self, acc_S: cute.Tensor, acc_S_mn: cute.Tensor, tScS: cute.Tensor, keys: Int32,
-                row_max: cute.Tensor, row_sum: cute.Tensor, alpha: cute.Tensor, scale_log2: Float32):
+                row_max: cute.Tensor, row_sum: cute.Tensor, alpha: cute.Tensor, neg_scaled: cute.Tensor,
+                scale_log2: Float32):
         """Mask keys past ``keys`` (a select), then the online softmax of S in place (P there);
-        ``alpha`` gets each row's ratio for the next O rescale. A row spans 4 lanes."""
+        ``alpha`` gets each row's ratio for the next O rescale. A row spans 4 lanes. Returns whether
+        this warp's rows may have moved (``lazy_vote``: False means every ``alpha`` is 1)."""
         if keys < BLOCK:
             mask_keys_mn(acc_S_mn, tScS, keys)
-        online_softmax_rows(acc_S_mn, row_max, row_sum, alpha, scale_log2, threads_in_group=4,
-                            rescale_threshold=RESCALE_THRESHOLD if const_expr(self.lazy_rescale) else None)
+        return online_softmax_rows(acc_S_mn, row_max, row_sum, alpha, scale_log2, threads_in_group=4,
+                                   rescale_threshold=RESCALE_THRESHOLD if const_expr(self.lazy_rescale) else None,
+                                   vote_kept=self.lazy_vote, neg_scaled_state=neg_scaled)

@@ -103,7 +103,8 @@ FFMA_CENTRE_ABOVE = 256.0
 @cute.jit
 def online_softmax_rows(s_mn: cute.Tensor, row_max: cute.Tensor, row_sum: cute.Tensor, alpha: cute.Tensor,
                         scale_log2: Float32, threads_in_group: cutlass.Constexpr = 4,
-                        rescale_threshold: cutlass.Constexpr = None):
+                        rescale_threshold: cutlass.Constexpr = None, vote_kept: cutlass.Constexpr = False,
+                        neg_scaled_state=None):
     """The online-softmax step of :func:`online_softmax_update` for every row of a score
     fragment viewed as (rows, cols) (``s_mn``, overwritten with P), with tree reductions and one
     FFMA per exponent. ``row_max`` / ``row_sum`` (this thread's partial sum) / ``alpha`` (the ratio
@@ -114,13 +115,48 @@ def online_softmax_rows(s_mn: cute.Tensor, row_max: cute.Tensor, row_sum: cute.T
     moved only when the block's max exceeds it by more than the threshold (``alpha`` is exactly 1
     otherwise, so the caller can skip its rescale). The exponents are then bounded by
     ``2^threshold`` instead of 1; out = (sum p v) / l and the LSE (``m * scale_log2 + log2 l``)
-    are the same quantities for any reference max, so the contract holds unchanged."""
+    are the same quantities for any reference max, so the contract holds unchanged.
+
+    ``vote_kept`` (with ``rescale_threshold``): each lane first compares its own part of every row
+    with the reference max, and only a warp in which some lane's part passed it by more than the
+    threshold (or a row still at -inf) reduces the rows' maxima over their lanes and updates them;
+    a warp where every lane keeps its reference maxima skips the shuffles and the ``alpha``
+    exponents (``alpha`` is then exactly 1). The group's max passes the threshold only if one of its
+    lanes' parts does, so the results are the same bits either way. ``neg_scaled_state`` (per row,
+    0 before the first block) then carries ``-(max * scale_log2)`` from block to block, so a kept
+    row does not recompute it. Returns whether the warp updated (warp-uniform; False means every
+    ``alpha`` is 1)."""
     rows = cute.size(s_mn, mode=[0])
     cols = cute.size(s_mn, mode=[1])
     safe = cute.make_rmem_tensor_like(row_max, Float32)
     neg_scaled = cute.make_rmem_tensor_like(row_max, Float32)
     centre = cutlass.Boolean(False)
-    for r in cutlass.range_constexpr(rows):
+    moved = cutlass.Boolean(True)
+    if const_expr(vote_kept):
+        local = [tree_reduce([s_mn[r, c] for c in range(cols)], cute.arch.fmax) for r in range(rows)]
+        kept = cutlass.Boolean(True)
+        for r in cutlass.range_constexpr(rows):
+            # NaN (a row at -inf so far) compares false: not kept
+            kept = kept & ((local[r] - row_max[r]) * scale_log2 <= Float32(rescale_threshold))
+        moved = not cute.arch.vote_all_sync(kept)
+        if moved:
+            for r in cutlass.range_constexpr(rows):
+                m = cute.arch.fmax(local[r], row_max[r])
+                if const_expr(threads_in_group > 1):
+                    m = cute.arch.warp_reduction_max(m, threads_in_group=threads_in_group)
+                m = row_max[r] if (m - row_max[r]) * scale_log2 <= Float32(rescale_threshold) else m
+                sm = Float32(0.0) if m == -Float32.inf else m
+                alpha[r] = cute.math.exp2((row_max[r] - sm) * scale_log2, fastmath=True)
+                row_max[r] = m
+                neg_scaled_state[r] = -(sm * scale_log2)
+        else:
+            for r in cutlass.range_constexpr(rows):
+                alpha[r] = Float32(1.0)
+        for r in cutlass.range_constexpr(rows):
+            safe[r] = Float32(0.0) if row_max[r] == -Float32.inf else row_max[r]
+            neg_scaled[r] = neg_scaled_state[r]
+            centre = centre | (cute.math.absf(neg_scaled[r]) >= Float32(FFMA_CENTRE_ABOVE))
+    for r in cutlass.range_constexpr(0 if const_expr(vote_kept) else rows):
         m = tree_reduce([s_mn[r, c] for c in range(cols)], cute.arch.fmax)
         m = cute.arch.fmax(m, row_max[r])
         if const_expr(threads_in_group > 1):
@@ -144,3 +180,4 @@ def online_softmax_rows(s_mn: cute.Tensor, row_max: cute.Tensor, row_sum: cute.T
         for c in cutlass.range_constexpr(cols):
             s_mn[r, c] = cute.math.exp2(cute.math.fma(s_mn[r, c], scale_log2, neg_scaled[r]), fastmath=True)
         row_sum[r] = row_sum[r] * alpha[r] + tree_reduce([s_mn[r, c] for c in range(cols)], lambda a, b: a + b)
+    return moved
