@@ -35,6 +35,14 @@ specialisation; the latency is hidden by three CTAs per SM, ``min_blocks_per_mp=
     kernel, C7515). Out and LSE are the same quantities for any reference max (P <= 2^8 instead of
     <= 1; bf16/fp16 keep their relative precision). 2-3 % faster than rescaling every step on the
     H200 (``benchmarks/results/fwd64_sm90_h200_v9.json``);
+  - ``lazy_vote`` (the default with ``lazy_rescale``): each lane compares its own part of a row
+    with the reference max first, and only a warp where some lane's part passed it (or a row still
+    at -inf) reduces the row maxima over the 4 lanes of a row (two shuffle rounds), computes the
+    ratios and rescales O; elsewhere those instructions are skipped with one warp vote. The same
+    bits as without it (a row's max passes the threshold only if one of its lanes' parts does). A
+    step was ~310 instructions per warp and the kernel is bound by that chain, not by L2 bytes
+    (Nsight Compute, docs/hopper-64-token.md): 3-4.5 % faster on the H200
+    (``benchmarks/results/fwd64_sm90_h200_v11.json``);
   - ``q_regs`` (a configuration): Q's first ``q_regs`` columns in registers (ldmatrix once, at
     step 0) and those k-steps of S as RS wgmma, so S reads only K from shared memory there. All
     128 columns need 4 registers more than the 168 of three CTAs per SM (ptxas then spills the
@@ -58,7 +66,7 @@ the H200's 227 KB (``__init__`` refuses a pipeline whose CTAs do not fit).
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from typing import Any, Mapping, Optional
 
 import cuda.bindings.driver as cuda
 
@@ -118,7 +126,7 @@ class BlockSparseFwd64Sm90(CuteKernel):
     def __init__(self, dtype: str = "bfloat16", head_dim: int = 128, *, has_block_sizes: bool = True,
                  fuse_gate: bool = False, k_stages: int = 1, v_stages: int = 2, ctas_per_sm: int = 3,
                  stmatrix_epilogue: bool = False, q_regs: int = 0, lazy_rescale: bool = True,
-                 lazy_vote: bool = False):
+                 lazy_vote: Optional[bool] = None):
         if dtype not in DTYPE_NAMES:
             raise ValueError(f"dtype must be one of {DTYPE_NAMES}, got {dtype!r}")
         if head_dim not in HEAD_DIMS:
@@ -149,7 +157,7 @@ class BlockSparseFwd64Sm90(CuteKernel):
         if lazy_vote and not lazy_rescale:
             raise ValueError("lazy_vote (skip the row-max reduction where every lane keeps its reference max) "
                              "needs lazy_rescale")
-        self.lazy_vote = bool(lazy_vote)
+        self.lazy_vote = self.lazy_rescale if lazy_vote is None else bool(lazy_vote)
 
     def config(self) -> Mapping[str, Any]:
         return {"dtype": self.dtype_name, "head_dim": self.head_dim, "has_block_sizes": self.has_block_sizes,
