@@ -1,11 +1,11 @@
 """Host side of our sm_90a 64-token forward (``kernels/cute/block_sparse_fwd64/block_sparse_fwd64_sm90``).
 
 Verified on the H200 (tests/kernels/cute/test_block_sparse_fwd64_sm90_gpu.py over the default,
-``q_regs=112`` and eager-rescale builds, the fused-gate epilogue included:
-tests/logs/h200_2026-12-03_fwd64_lazy_0dfff81.log). Served by the ``sm90`` backend
+``q_regs=112``, eager-rescale and no-vote builds, the fused-gate epilogue included:
+tests/logs/h200_2026-12-03_suites_vote_fe1b35c.log). Served by the ``sm90`` backend
 (:mod:`fastvideo_cute.backends.sm90_backend`): the route table's sm_90 64-token forward and
-128/256-token partial-tile forwards (1.02-1.03x cuDNN BSA's blk64 kernel with the lazy rescale,
-``benchmarks/results/fwd64_sm90_h200_v9.json``), and ``video_sparse_attn``'s gated inference calls,
+128/256-token partial-tile forwards (1.06-1.10x cuDNN BSA's blk64 kernel with the lazy rescale and
+its vote, ``benchmarks/results/fwd64_sm90_h200_v11.json``), and ``video_sparse_attn``'s gated inference calls,
 where the fused gate also saves cuDNN's padding-zeroed V copy and the separate gate pass.
 
 :func:`sm90_fwd64` takes the library's q2k lists (``q2k_idx`` int32 ``[B, H, Qb, W]``, first
@@ -115,7 +115,7 @@ def sm90_fwd64(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q2k_idx: torch
     H200 (tests/kernels/cute/test_block_sparse_fwd64_sm90_gpu.py::test_fused_gate_matches_reference).
 
     ``variant``: the kernel's configuration (``k_stages``, ``v_stages``, ``ctas_per_sm``,
-    ``stmatrix_epilogue``, ``q_regs``, ``lazy_rescale`` of ``BlockSparseFwd64Sm90``), for the
+    ``stmatrix_epilogue``, ``q_regs``, ``lazy_rescale``, ``lazy_vote`` of ``BlockSparseFwd64Sm90``), for the
     benchmarks' sweeps and the GPU tests; None is the kernel's default.
 
     ``out``: where the output goes (q's shape, dtype and layout, any strides that pass
