@@ -101,6 +101,25 @@ FFMA_CENTRE_ABOVE = 256.0
 
 
 @cute.jit
+def _move_row(local: Float32, row_max: cute.Tensor, alpha: cute.Tensor, r: cutlass.Constexpr, scale_log2: Float32,
+              threads_in_group: cutlass.Constexpr, rescale_threshold: cutlass.Constexpr):
+    """Row ``r``'s max from this lane's part ``local`` and its running (or reference) max, reduced
+    over the row's lanes; with ``rescale_threshold`` the reference max is kept unless the row grew
+    past it by more than the threshold (an all -inf row so far: -inf - -inf is NaN, the compare is
+    false, m stays -inf). Writes ``alpha[r]`` (the output's ratio) and ``row_max[r]``; returns the
+    max the exponents are taken relative to (0 for a row still at -inf)."""
+    m = cute.arch.fmax(local, row_max[r])
+    if const_expr(threads_in_group > 1):
+        m = cute.arch.warp_reduction_max(m, threads_in_group=threads_in_group)
+    if const_expr(rescale_threshold is not None):
+        m = row_max[r] if (m - row_max[r]) * scale_log2 <= Float32(rescale_threshold) else m
+    sm = Float32(0.0) if m == -Float32.inf else m
+    alpha[r] = cute.math.exp2((row_max[r] - sm) * scale_log2, fastmath=True)
+    row_max[r] = m
+    return sm
+
+
+@cute.jit
 def online_softmax_rows(s_mn: cute.Tensor, row_max: cute.Tensor, row_sum: cute.Tensor, alpha: cute.Tensor,
                         scale_log2: Float32, threads_in_group: cutlass.Constexpr = 4,
                         rescale_threshold: cutlass.Constexpr = None, vote_kept: cutlass.Constexpr = False,
@@ -132,8 +151,8 @@ def online_softmax_rows(s_mn: cute.Tensor, row_max: cute.Tensor, row_sum: cute.T
     neg_scaled = cute.make_rmem_tensor_like(row_max, Float32)
     centre = cutlass.Boolean(False)
     moved = cutlass.Boolean(True)
+    local = [tree_reduce([s_mn[r, c] for c in range(cols)], cute.arch.fmax) for r in range(rows)]
     if const_expr(vote_kept):
-        local = [tree_reduce([s_mn[r, c] for c in range(cols)], cute.arch.fmax) for r in range(rows)]
         kept = cutlass.Boolean(True)
         for r in cutlass.range_constexpr(rows):
             # NaN (a row at -inf so far) compares false: not kept
@@ -141,13 +160,7 @@ def online_softmax_rows(s_mn: cute.Tensor, row_max: cute.Tensor, row_sum: cute.T
         moved = not cute.arch.vote_all_sync(kept)
         if moved:
             for r in cutlass.range_constexpr(rows):
-                m = cute.arch.fmax(local[r], row_max[r])
-                if const_expr(threads_in_group > 1):
-                    m = cute.arch.warp_reduction_max(m, threads_in_group=threads_in_group)
-                m = row_max[r] if (m - row_max[r]) * scale_log2 <= Float32(rescale_threshold) else m
-                sm = Float32(0.0) if m == -Float32.inf else m
-                alpha[r] = cute.math.exp2((row_max[r] - sm) * scale_log2, fastmath=True)
-                row_max[r] = m
+                sm = _move_row(local[r], row_max, alpha, r, scale_log2, threads_in_group, rescale_threshold)
                 neg_scaled_state[r] = -(sm * scale_log2)
         else:
             for r in cutlass.range_constexpr(rows):
@@ -156,21 +169,12 @@ def online_softmax_rows(s_mn: cute.Tensor, row_max: cute.Tensor, row_sum: cute.T
             safe[r] = Float32(0.0) if row_max[r] == -Float32.inf else row_max[r]
             neg_scaled[r] = neg_scaled_state[r]
             centre = centre | (cute.math.absf(neg_scaled[r]) >= Float32(FFMA_CENTRE_ABOVE))
-    for r in cutlass.range_constexpr(0 if const_expr(vote_kept) else rows):
-        m = tree_reduce([s_mn[r, c] for c in range(cols)], cute.arch.fmax)
-        m = cute.arch.fmax(m, row_max[r])
-        if const_expr(threads_in_group > 1):
-            m = cute.arch.warp_reduction_max(m, threads_in_group=threads_in_group)
-        if const_expr(rescale_threshold is not None):
-            # keep the reference max unless the row grew past it by more than the threshold (an
-            # all -inf row so far: -inf - -inf is NaN, the compare is false, m stays -inf)
-            m = row_max[r] if (m - row_max[r]) * scale_log2 <= Float32(rescale_threshold) else m
-        sm = Float32(0.0) if m == -Float32.inf else m
-        alpha[r] = cute.math.exp2((row_max[r] - sm) * scale_log2, fastmath=True)
-        row_max[r] = m
-        safe[r] = sm
-        neg_scaled[r] = -(sm * scale_log2)
-        centre = centre | (cute.math.absf(neg_scaled[r]) >= Float32(FFMA_CENTRE_ABOVE))
+    else:
+        for r in cutlass.range_constexpr(rows):
+            sm = _move_row(local[r], row_max, alpha, r, scale_log2, threads_in_group, rescale_threshold)
+            safe[r] = sm
+            neg_scaled[r] = -(sm * scale_log2)
+            centre = centre | (cute.math.absf(neg_scaled[r]) >= Float32(FFMA_CENTRE_ABOVE))
     if cute.arch.vote_any_sync(centre):
         for r in cutlass.range_constexpr(rows):
             neg_scaled[r] = Float32(0.0)
