@@ -19,8 +19,8 @@ or Triton forced: its kernel fuses the
 gate composition into the forward's epilogue and masks K/V padding itself, 1.01-1.06x the cuDNN
 path (``benchmarks/results/fwd64_sm90_h200_v5.json``). Plain ``block_sparse_attn`` calls keep
 the table (which ranks ``sm90`` first for the 64-token forward and the 128/256-token partial-tile
-forwards; its kernel is 1.02-1.03x cuDNN's blk64 forward since it rescales lazily,
-``benchmarks/results/fwd64_sm90_h200_v9.json``).
+forwards; its kernel is 1.06-1.10x cuDNN's blk64 forward since it rescales lazily and skips the
+row-max reduction of warps whose maxima stay, ``benchmarks/results/fwd64_sm90_h200_v11.json``).
 
 A forced backend that cannot serve a call raises :class:`RouteError` with the reason. An
 automatic fallback (CuTe asked for, not forced by name, cannot serve this call) logs the reason

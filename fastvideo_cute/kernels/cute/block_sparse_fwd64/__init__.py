@@ -2,8 +2,9 @@
 
 Hopper: ``block_sparse_fwd64_sm90.BlockSparseFwd64Sm90`` (wgmma + TMA, one warpgroup, three CTAs
 per SM; sm_90a), verified on the H200 (tests/kernels/cute/test_block_sparse_fwd64_sm90_gpu.py) and
-measured beside cuDNN BSA's blk64 forward (``benchmarks/explore_fwd64_sm90.py``: 1.02-1.03x
-its rate with the lazy rescale, docs/hopper-64-token.md). Routed (the ``sm90`` backend) for the
+measured beside cuDNN BSA's blk64 forward (``benchmarks/explore_fwd64_sm90.py``: 1.06-1.10x
+its rate with the lazy rescale and its vote, ``benchmarks/results/fwd64_sm90_h200_v11.json``,
+docs/hopper-64-token.md). Routed (the ``sm90`` backend) for the
 64-token forward and the 128/256-token partial-tile forwards by the route table, and for
 ``video_sparse_attn``'s gated inference calls with the gate composition fused in its epilogue
 (``fuse_gate``).
