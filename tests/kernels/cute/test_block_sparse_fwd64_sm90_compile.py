@@ -87,7 +87,9 @@ def test_bad_configuration_is_refused():
     assert cls("float16", 64, has_block_sizes=False).config() == {
         "dtype": "float16", "head_dim": 64, "has_block_sizes": False, "fuse_gate": False, "k_stages": 1,
         "v_stages": 2, "ctas_per_sm": 3, "stmatrix_epilogue": False, "q_regs": 0, "lazy_rescale": True,
-        "lazy_vote": True}
+        "lazy_vote": True, "partial_loads": False}
+    with pytest.raises(ValueError, match="partial_loads"):
+        cls("bfloat16", 128, k_stages=2, ctas_per_sm=2, partial_loads=True)
 
 
 def test_predicate_refuses_cpu_tensors_with_a_reason():
@@ -158,9 +160,11 @@ def _serialised_wgmma(sass: str) -> int:
 @pytest.mark.parametrize("config", [{}, {"lazy_rescale": False}, {"q_regs": 64},
                                     {"q_regs": 112}, {"q_regs": 112, "fuse_gate": True},
                                     {"q_regs": 128, "ctas_per_sm": 2}, {"head_dim": 64, "q_regs": 64},
-                                    {"lazy_vote": False}, {"fuse_gate": True}],
+                                    {"lazy_vote": False}, {"fuse_gate": True}, {"partial_loads": True},
+                                    {"partial_loads": True, "fuse_gate": True},
+                                    {"partial_loads": True, "head_dim": 64}],
                          ids=["default", "eager", "q64", "q112", "q112-gate", "q128-c2", "d64-q64", "novote",
-                              "gate"])
+                              "gate", "partial", "partial-gate", "partial-d64"])
 def test_register_and_pipeline_variants_keep_wgmma_pipelined(config):
     """The rescale and Q-in-registers options build with no spill and with their wgmmas pipelined:
     a conditional rescale of O beside a wgmma in flight, or a spilled Q fragment, made ptxas
@@ -178,6 +182,9 @@ def test_register_and_pipeline_variants_keep_wgmma_pipelined(config):
     rs_s = re.findall(r"HGMMA\.64x64x16\.F32\.\w+ R\d+, R\d+, gdesc\[\w+\],", report.sass)
     assert len(rs_s) == (2 * q_regs // 16), report.line  # S's RS k-steps, at two issue sites
     # lazy_vote: one warp-wide vote on the kept maxima per softmax (two sites: the first step, the loop)
+    if config.get("partial_loads"):  # a partial tile's 16-key pieces: issue sites of their own
+        # (measured 52 UTMALDG at head_dim 128 against the default's 12)
+        assert report.count("UTMALDG") > 24, report.line
     vote = config.get("lazy_vote", config.get("lazy_rescale", True))  # the default: with the lazy rescale
     assert report.count("VOTE.ALL") == (2 if vote else 0), report.line
 

@@ -48,6 +48,13 @@ specialisation; the latency is hidden by three CTAs per SM, ``min_blocks_per_mp=
     128 columns need 4 registers more than the 168 of three CTAs per SM (ptxas then spills the
     first fragment and serialises the wgmmas); 112 fit (166 registers). Within +-1.5 % of the
     default on the H200 (``fwd64_sm90_h200_v9.json``), so it stays off;
+  - ``partial_loads`` (a configuration, off): a partial kv tile's K and V come as 16-key x 64-column
+    TMA pieces, only those holding a valid key (stale rows left in a K slot are masked by the key
+    select; V's are never reached by the P V steps), with the q2k list read two entries ahead so
+    each tile's size is known before its loads. Its first build (2026-12-02) was exact and 4-5 %
+    slower at 32K tokens and on the Wan-1.3B grid, where the kernel is bound by its instruction
+    chain; it is back for Wan-14B 720p, where one head's K/V (46 MB, 18 % of it padding rows)
+    outgrow the L2. Compile-verified only on this tree (not yet run on a GPU);
   - the pipeline is a configuration too (``k_stages`` 1-3 K slots, ``v_stages`` 2-3 V slots,
     ``ctas_per_sm``, ``stmatrix_epilogue``): with ``k_stages`` slots K[j + k_stages] is issued once
     S[j] retires, with three V slots V[j + 1] is issued at step j. The default (one K slot, two V
@@ -126,7 +133,7 @@ class BlockSparseFwd64Sm90(CuteKernel):
     def __init__(self, dtype: str = "bfloat16", head_dim: int = 128, *, has_block_sizes: bool = True,
                  fuse_gate: bool = False, k_stages: int = 1, v_stages: int = 2, ctas_per_sm: int = 3,
                  stmatrix_epilogue: bool = False, q_regs: int = 0, lazy_rescale: bool = True,
-                 lazy_vote: Optional[bool] = None):
+                 lazy_vote: Optional[bool] = None, partial_loads: bool = False):
         if dtype not in DTYPE_NAMES:
             raise ValueError(f"dtype must be one of {DTYPE_NAMES}, got {dtype!r}")
         if head_dim not in HEAD_DIMS:
@@ -158,12 +165,17 @@ class BlockSparseFwd64Sm90(CuteKernel):
             raise ValueError("lazy_vote (skip the row-max reduction where every lane keeps its reference max) "
                              "needs lazy_rescale")
         self.lazy_vote = self.lazy_rescale if lazy_vote is None else bool(lazy_vote)
+        if partial_loads and (k_stages, v_stages) != (1, 2):
+            raise ValueError(f"partial_loads needs the default rings (k_stages=1, v_stages=2), got "
+                             f"k_stages={k_stages}, v_stages={v_stages}")
+        self.partial_loads = bool(partial_loads)
 
     def config(self) -> Mapping[str, Any]:
         return {"dtype": self.dtype_name, "head_dim": self.head_dim, "has_block_sizes": self.has_block_sizes,
                 "fuse_gate": self.fuse_gate, "k_stages": self.k_stages, "v_stages": self.v_stages,
                 "ctas_per_sm": self.ctas_per_sm, "stmatrix_epilogue": self.stmatrix_epilogue,
-                "q_regs": self.q_regs, "lazy_rescale": self.lazy_rescale, "lazy_vote": self.lazy_vote}
+                "q_regs": self.q_regs, "lazy_rescale": self.lazy_rescale, "lazy_vote": self.lazy_vote,
+                "partial_loads": self.partial_loads}
 
     def fake_args(self) -> tuple:
         dt = _CUTE_DTYPES[self.dtype_name]
@@ -218,6 +230,14 @@ class BlockSparseFwd64Sm90(CuteKernel):
         else:
             tma_atom_G, tma_G = tma_atom_K, tma_K  # placeholders, never used
         out_c = mOutC if const_expr(self.fuse_gate) else mNum
+        if const_expr(self.partial_loads):  # 16-key pieces (x 64 columns) of K and V, for partial tiles
+            hd = min(d, 64)
+            sK_piece = cute.tile_to_shape(k_atom, (PV_STEP, hd), order=(0, 1))
+            sV_piece = cute.tile_to_shape(mn_atom, (hd, PV_STEP), order=(1, 0))
+            tma_atom_K16, tma_K16 = cpasync.make_tiled_tma_atom(g2s, mK, sK_piece, (PV_STEP, hd))
+            tma_atom_V16, tma_V16 = cpasync.make_tiled_tma_atom(g2s, mV, sV_piece, (hd, PV_STEP))
+        else:
+            tma_atom_K16, tma_K16, tma_atom_V16, tma_V16 = tma_atom_K, tma_K, tma_atom_V, tma_V  # never used
 
         mma_qk = sm90_helpers.make_trivial_tiled_mma(dt, dt, OperandMajorMode.K, OperandMajorMode.K, Float32,
                                                      (1, 1, 1), tiler_mn=(BLOCK, BLOCK))
@@ -244,7 +264,7 @@ class BlockSparseFwd64Sm90(CuteKernel):
         sizes = mSizes if const_expr(self.has_block_sizes) else mNum  # a placeholder never read
         self.kernel(
             tma_atom_Q, tma_Q, tma_atom_K, tma_K, tma_atom_V, tma_V, tma_atom_O, tma_O, tma_atom_G, tma_G, out_c,
-            mLSE, mIdx, mNum, sizes,
+            tma_atom_K16, tma_K16, tma_atom_V16, tma_V16, mLSE, mIdx, mNum, sizes,
             sQ_layout, sK_layout, sV_layout, mma_qk, mma_qk_rs, mma_pv, scale_log2, SharedStorage,
         ).launch(grid=grid, block=(THREADS, 1, 1), smem=SharedStorage.size_in_bytes(), stream=stream,
                  # three CTAs per SM: ptxas caps a thread at 65536 / 384 registers; the full
@@ -287,7 +307,9 @@ class BlockSparseFwd64Sm90(CuteKernel):
     @cute.kernel
     def kernel(self, tma_atom_Q: cute.CopyAtom, mQ: cute.Tensor, tma_atom_K: cute.CopyAtom, mK: cute.Tensor,
                tma_atom_V: cute.CopyAtom, mV: cute.Tensor, tma_atom_O: cute.CopyAtom, mO: cute.Tensor,
-               tma_atom_G: cute.CopyAtom, mG: cute.Tensor, mOutC: cute.Tensor, mLSE: cute.Tensor, mIdx: cute.Tensor, mNum: cute.Tensor, mSizes,
+               tma_atom_G: cute.CopyAtom, mG: cute.Tensor, mOutC: cute.Tensor,
+               tma_atom_K16: cute.CopyAtom, mK16: cute.Tensor, tma_atom_V16: cute.CopyAtom, mV16: cute.Tensor,
+               mLSE: cute.Tensor, mIdx: cute.Tensor, mNum: cute.Tensor, mSizes,
                sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout, sV_layout: cute.ComposedLayout,
                mma_qk: cute.TiledMma, mma_qk_rs: cute.TiledMma, mma_pv: cute.TiledMma, scale_log2: Float32,
                SharedStorage: cutlass.Constexpr):
@@ -314,6 +336,9 @@ class BlockSparseFwd64Sm90(CuteKernel):
                 cpasync.prefetch_descriptor(atom)
             if const_expr(self.fuse_gate):
                 cpasync.prefetch_descriptor(tma_atom_G)
+            if const_expr(self.partial_loads):
+                cpasync.prefetch_descriptor(tma_atom_K16)
+                cpasync.prefetch_descriptor(tma_atom_V16)
 
         storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
         tma_op = pipeline.PipelineOp.TmaLoad
@@ -335,6 +360,21 @@ class BlockSparseFwd64Sm90(CuteKernel):
         tQsQ, tQgQ = cpasync.tma_partition(tma_atom_Q, 0, unit, cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2))
         tKsK, tKgK = cpasync.tma_partition(tma_atom_K, 0, unit, cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2))
         tVsV, tVgV = cpasync.tma_partition(tma_atom_V, 0, unit, cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2))
+        kv16 = None
+        if const_expr(self.partial_loads):
+            # 16-key x 64-column pieces: K (16, 64, key pieces, column halves[, slot]), V (64, 16,
+            # column halves, key pieces[, slot]); each piece 2 KB of smem at a 1 KB-aligned offset of
+            # its slot, so the 128-byte swizzle lands as the whole tile's load would place it
+            hd = min(d, 64)
+            sK16 = cute.flat_divide(sK, (PV_STEP, hd))
+            gK16 = cute.flat_divide(mK16[None, None, h, b], (PV_STEP, hd))
+            sV16 = cute.flat_divide(sV, (hd, PV_STEP))
+            gV16 = cute.flat_divide(mV16[None, None, h, b], (hd, PV_STEP))
+            tK16s, tK16g = cpasync.tma_partition(tma_atom_K16, 0, unit, cute.group_modes(sK16, 0, 2),
+                                                 cute.group_modes(gK16, 0, 2))
+            tV16s, tV16g = cpasync.tma_partition(tma_atom_V16, 0, unit, cute.group_modes(sV16, 0, 2),
+                                                 cute.group_modes(gV16, 0, 2))
+            kv16 = (tma_atom_K16, tK16g, tK16s, tma_atom_V16, tV16g, tV16s)
 
         thr_qk = mma_qk.get_slice(tidx)
         thr_pv = mma_pv.get_slice(tidx)
@@ -376,9 +416,16 @@ class BlockSparseFwd64Sm90(CuteKernel):
         if count > 0:
             # Prologue: K[0 .. ks-1] fill the K ring, V[0 .. vs-2] the V ring (V[j + vs - 2] is
             # issued at step j, into the slot whose P V retired at step j - 1).
+            keys_cur = Int32(BLOCK)
+            if const_expr(self.partial_loads):  # (the loads of tile 0 need its size)
+                keys_cur = self.tile_keys(mSizes, n_cur, seqlen_k)
             if warp_idx == 0:
-                self.load_tile(tma_atom_K, tKgK, tKsK, bar_k, tx["k"], 0, n_cur)
-                self.load_tile(tma_atom_V, tVgV, tVsV, bar_v, tx["v"], 0, n_cur)
+                if const_expr(self.partial_loads):
+                    self.load_k(tma_atom_K, tKgK, tKsK, kv16, bar_k, tx["k"], Int32(0), n_cur, keys_cur)
+                    self.load_v(tma_atom_V, tVgV, tVsV, kv16, bar_v, tx["v"], Int32(0), n_cur, keys_cur)
+                else:
+                    self.load_tile(tma_atom_K, tKgK, tKsK, bar_k, tx["k"], 0, n_cur)
+                    self.load_tile(tma_atom_V, tVgV, tVsV, bar_v, tx["v"], 0, n_cur)
                 for i in cutlass.range_constexpr(1, ks):
                     if i < count:
                         self.load_tile(tma_atom_K, tKgK, tKsK, bar_k, tx["k"], i, gIdx[i])
@@ -388,7 +435,14 @@ class BlockSparseFwd64Sm90(CuteKernel):
             n_next = Int32(0)
             if count > 1:
                 n_next = gIdx[1]
-            keys_cur = self.tile_keys(mSizes, n_cur, seqlen_k)
+            n_nn = Int32(0)  # (partial_loads) the list entry two ahead, and the next tile's size
+            keys_nxt = Int32(BLOCK)
+            if const_expr(self.partial_loads):
+                if count > 2:
+                    n_nn = gIdx[2]
+                keys_nxt = self.tile_keys(mSizes, n_next, seqlen_k)
+            else:
+                keys_cur = self.tile_keys(mSizes, n_cur, seqlen_k)
 
             # ---- step 0: S[0], no P V yet
             bar_k.wait(0, 0)
@@ -398,7 +452,11 @@ class BlockSparseFwd64Sm90(CuteKernel):
             self.gemm_s(mma_qk, mma_qk_rs, acc_S, tSrQ, tSrQr, tSrK[None, None, None, 0])
             warpgroup.wait_group(0)
             if warp_idx == 0 and ks < count:  # K[ks] into the slot S[0] freed
-                self.load_tile(tma_atom_K, tKgK, tKsK, bar_k, tx["k"], 0, n_next if const_expr(ks == 1) else gIdx[ks])
+                if const_expr(self.partial_loads):
+                    self.load_k(tma_atom_K, tKgK, tKsK, kv16, bar_k, tx["k"], Int32(0), n_next, keys_nxt)
+                else:
+                    self.load_tile(tma_atom_K, tKgK, tKsK, bar_k, tx["k"], 0,
+                                   n_next if const_expr(ks == 1) else gIdx[ks])
             self.softmax(acc_S, acc_S_mn, tScS, keys_cur, row_max, row_sum, alpha, neg_scaled, scale_log2)
             rP.store(tP_view.load().to(dt))
             keys_prev = keys_cur
@@ -406,15 +464,28 @@ class BlockSparseFwd64Sm90(CuteKernel):
             # ---- steps 1 .. count-1: S[j] in flight with P V[j-1]
             for j in cutlass.range(1, count, unroll=1):
                 n_cur = n_next
-                if j + 1 < count:
-                    n_next = gIdx[j + 1]
+                if const_expr(self.partial_loads):  # the list two ahead: a size read waits on no list read
+                    n_next = n_nn
+                    if j + 2 < count:
+                        n_nn = gIdx[j + 2]
+                else:
+                    if j + 1 < count:
+                        n_next = gIdx[j + 1]
                 n_k = n_next  # K[j + ks]'s tile: read now, issued once S[j] retires
                 if const_expr(ks > 1):
                     if j + ks < count:
                         n_k = gIdx[j + ks]
-                keys_cur = self.tile_keys(mSizes, n_cur, seqlen_k)
+                if const_expr(self.partial_loads):
+                    keys_cur = keys_nxt
+                    keys_nxt = self.tile_keys(mSizes, n_next, seqlen_k)
+                else:
+                    keys_cur = self.tile_keys(mSizes, n_cur, seqlen_k)
                 if warp_idx == 0 and j + vs - 2 < count:  # V[j + vs - 2]
-                    self.load_tile(tma_atom_V, tVgV, tVsV, bar_v, tx["v"], (j + vs - 2) % vs, n_cur if const_expr(vs == 2) else n_next)
+                    if const_expr(self.partial_loads):
+                        self.load_v(tma_atom_V, tVgV, tVsV, kv16, bar_v, tx["v"], j % vs, n_cur, keys_cur)
+                    else:
+                        self.load_tile(tma_atom_V, tVgV, tVsV, bar_v, tx["v"], (j + vs - 2) % vs,
+                                       n_cur if const_expr(vs == 2) else n_next)
                 k_slot = j % ks
                 bar_k.wait(k_slot, (j // ks) % 2)
                 self.gemm_s(mma_qk, mma_qk_rs, acc_S, tSrQ, tSrQr, tSrK[None, None, None, k_slot])
@@ -427,7 +498,10 @@ class BlockSparseFwd64Sm90(CuteKernel):
                 self.gemm_pv(mma_pv, acc_O, rP, tOrV[None, None, None, prev], keys_prev)
                 warpgroup.wait_group(1)  # S[j] retired; P V[j-1] may still run
                 if warp_idx == 0 and j + ks < count:
-                    self.load_tile(tma_atom_K, tKgK, tKsK, bar_k, tx["k"], k_slot, n_k)
+                    if const_expr(self.partial_loads):
+                        self.load_k(tma_atom_K, tKgK, tKsK, kv16, bar_k, tx["k"], k_slot, n_k, keys_nxt)
+                    else:
+                        self.load_tile(tma_atom_K, tKgK, tKsK, bar_k, tx["k"], k_slot, n_k)
                 moved = self.softmax(acc_S, acc_S_mn, tScS, keys_cur, row_max, row_sum, alpha, neg_scaled,
                                      scale_log2)
                 warpgroup.wait_group(0)  # P V[j-1] retired: P's registers are free
@@ -514,6 +588,41 @@ class BlockSparseFwd64Sm90(CuteKernel):
         """(warp 0) kv tile ``n`` into ring slot ``slot``, on that slot's transaction barrier."""
         bar.arrive_and_expect_tx(slot, tx_bytes)
         cute.copy(tma_atom, tXgX[None, n], tXsX[None, slot], tma_bar_ptr=bar.get_barrier(slot))
+
+    @cute.jit
+    def load_k(self, tma_atom_K, tKgK, tKsK, kv16, bar, tx_bytes: cutlass.Constexpr, slot: Int32, n: Int32,
+               keys: Int32):
+        """(warp 0, ``partial_loads``) K tile ``n`` into ``slot``: whole when full, else only the
+        16-key pieces that hold a valid key (the rest of the slot keeps stale rows, which the key mask
+        selects away), so a partial tile's padding never comes through the L2."""
+        if keys == BLOCK:
+            self.load_tile(tma_atom_K, tKgK, tKsK, bar, tx_bytes, slot, n)
+        else:
+            atom, tg, ts = kv16[0], kv16[1], kv16[2]
+            pieces = (keys + PV_STEP - 1) // PV_STEP
+            bar.arrive_and_expect_tx(slot, pieces * (tx_bytes // (BLOCK // PV_STEP)))
+            for c in cutlass.range_constexpr(BLOCK // PV_STEP):
+                if c < pieces:
+                    for hh in cutlass.range_constexpr(cute.size(ts, mode=[2])):
+                        cute.copy(atom, tg[None, n * (BLOCK // PV_STEP) + c, hh], ts[None, c, hh, slot],
+                                  tma_bar_ptr=bar.get_barrier(slot))
+
+    @cute.jit
+    def load_v(self, tma_atom_V, tVgV, tVsV, kv16, bar, tx_bytes: cutlass.Constexpr, slot: Int32, n: Int32,
+               keys: Int32):
+        """(warp 0, ``partial_loads``) V tile ``n`` into ``slot``, as :meth:`load_k` (the P V steps past
+        ``ceil16(keys)`` are not issued, so the pieces not loaded are never read)."""
+        if keys == BLOCK:
+            self.load_tile(tma_atom_V, tVgV, tVsV, bar, tx_bytes, slot, n)
+        else:
+            atom, tg, ts = kv16[3], kv16[4], kv16[5]
+            pieces = (keys + PV_STEP - 1) // PV_STEP
+            bar.arrive_and_expect_tx(slot, pieces * (tx_bytes // (BLOCK // PV_STEP)))
+            for c in cutlass.range_constexpr(BLOCK // PV_STEP):
+                if c < pieces:
+                    for hh in cutlass.range_constexpr(cute.size(ts, mode=[1])):
+                        cute.copy(atom, tg[None, hh, n * (BLOCK // PV_STEP) + c], ts[None, hh, c, slot],
+                                  tma_bar_ptr=bar.get_barrier(slot))
 
     @cute.jit
     def load_gate(self, tma_atom_G, mG: cute.Tensor, sK: cute.Tensor, bar_k, tx_bytes: cutlass.Constexpr,
