@@ -360,7 +360,7 @@ class BlockSparseFwd64Sm90(CuteKernel):
         tQsQ, tQgQ = cpasync.tma_partition(tma_atom_Q, 0, unit, cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2))
         tKsK, tKgK = cpasync.tma_partition(tma_atom_K, 0, unit, cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2))
         tVsV, tVgV = cpasync.tma_partition(tma_atom_V, 0, unit, cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2))
-        kv16 = None
+        k16 = v16 = None
         if const_expr(self.partial_loads):
             # 16-key x 64-column pieces: K (16, 64, key pieces, column halves[, slot]), V (64, 16,
             # column halves, key pieces[, slot]); each piece 2 KB of smem at a 1 KB-aligned offset of
@@ -374,7 +374,7 @@ class BlockSparseFwd64Sm90(CuteKernel):
                                                  cute.group_modes(gK16, 0, 2))
             tV16s, tV16g = cpasync.tma_partition(tma_atom_V16, 0, unit, cute.group_modes(sV16, 0, 2),
                                                  cute.group_modes(gV16, 0, 2))
-            kv16 = (tma_atom_K16, tK16g, tK16s, tma_atom_V16, tV16g, tV16s)
+            k16, v16 = (tma_atom_K16, tK16g, tK16s), (tma_atom_V16, tV16g, tV16s)
 
         thr_qk = mma_qk.get_slice(tidx)
         thr_pv = mma_pv.get_slice(tidx)
@@ -421,8 +421,8 @@ class BlockSparseFwd64Sm90(CuteKernel):
                 keys_cur = self.tile_keys(mSizes, n_cur, seqlen_k)
             if warp_idx == 0:
                 if const_expr(self.partial_loads):
-                    self.load_k(tma_atom_K, tKgK, tKsK, kv16, bar_k, tx["k"], Int32(0), n_cur, keys_cur)
-                    self.load_v(tma_atom_V, tVgV, tVsV, kv16, bar_v, tx["v"], Int32(0), n_cur, keys_cur)
+                    self.load_kv(tma_atom_K, tKgK, tKsK, k16, bar_k, tx["k"], Int32(0), n_cur, keys_cur, False)
+                    self.load_kv(tma_atom_V, tVgV, tVsV, v16, bar_v, tx["v"], Int32(0), n_cur, keys_cur, True)
                 else:
                     self.load_tile(tma_atom_K, tKgK, tKsK, bar_k, tx["k"], 0, n_cur)
                     self.load_tile(tma_atom_V, tVgV, tVsV, bar_v, tx["v"], 0, n_cur)
@@ -453,7 +453,7 @@ class BlockSparseFwd64Sm90(CuteKernel):
             warpgroup.wait_group(0)
             if warp_idx == 0 and ks < count:  # K[ks] into the slot S[0] freed
                 if const_expr(self.partial_loads):
-                    self.load_k(tma_atom_K, tKgK, tKsK, kv16, bar_k, tx["k"], Int32(0), n_next, keys_nxt)
+                    self.load_kv(tma_atom_K, tKgK, tKsK, k16, bar_k, tx["k"], Int32(0), n_next, keys_nxt, False)
                 else:
                     self.load_tile(tma_atom_K, tKgK, tKsK, bar_k, tx["k"], 0,
                                    n_next if const_expr(ks == 1) else gIdx[ks])
@@ -482,7 +482,7 @@ class BlockSparseFwd64Sm90(CuteKernel):
                     keys_cur = self.tile_keys(mSizes, n_cur, seqlen_k)
                 if warp_idx == 0 and j + vs - 2 < count:  # V[j + vs - 2]
                     if const_expr(self.partial_loads):
-                        self.load_v(tma_atom_V, tVgV, tVsV, kv16, bar_v, tx["v"], j % vs, n_cur, keys_cur)
+                        self.load_kv(tma_atom_V, tVgV, tVsV, v16, bar_v, tx["v"], j % vs, n_cur, keys_cur, True)
                     else:
                         self.load_tile(tma_atom_V, tVgV, tVsV, bar_v, tx["v"], (j + vs - 2) % vs,
                                        n_cur if const_expr(vs == 2) else n_next)
@@ -499,7 +499,7 @@ class BlockSparseFwd64Sm90(CuteKernel):
                 warpgroup.wait_group(1)  # S[j] retired; P V[j-1] may still run
                 if warp_idx == 0 and j + ks < count:
                     if const_expr(self.partial_loads):
-                        self.load_k(tma_atom_K, tKgK, tKsK, kv16, bar_k, tx["k"], k_slot, n_k, keys_nxt)
+                        self.load_kv(tma_atom_K, tKgK, tKsK, k16, bar_k, tx["k"], k_slot, n_k, keys_nxt, False)
                     else:
                         self.load_tile(tma_atom_K, tKgK, tKsK, bar_k, tx["k"], k_slot, n_k)
                 moved = self.softmax(acc_S, acc_S_mn, tScS, keys_cur, row_max, row_sum, alpha, neg_scaled,
@@ -590,39 +590,29 @@ class BlockSparseFwd64Sm90(CuteKernel):
         cute.copy(tma_atom, tXgX[None, n], tXsX[None, slot], tma_bar_ptr=bar.get_barrier(slot))
 
     @cute.jit
-    def load_k(self, tma_atom_K, tKgK, tKsK, kv16, bar, tx_bytes: cutlass.Constexpr, slot: Int32, n: Int32,
-               keys: Int32):
-        """(warp 0, ``partial_loads``) K tile ``n`` into ``slot``: whole when full, else only the
-        16-key pieces that hold a valid key (the rest of the slot keeps stale rows, which the key mask
-        selects away), so a partial tile's padding never comes through the L2."""
+    def load_kv(self, tma_atom, tXgX, tXsX, pieces16, bar, tx_bytes: cutlass.Constexpr, slot: Int32, n: Int32,
+                keys: Int32, is_v: cutlass.Constexpr):
+        """(warp 0, ``partial_loads``) K (or V, ``is_v``) tile ``n`` into ``slot``: whole when full,
+        else only the 16-key pieces that hold a valid key, so a partial tile's padding never comes
+        through the L2. The rest of a K slot keeps stale rows, which the key mask selects away; the
+        P V steps past ``ceil16(keys)`` are not issued, so V's are never read. ``pieces16``: the
+        piece atom and its partitions, K (.., key pieces, column halves[, slot]), V (.., column
+        halves, key pieces[, slot])."""
         if keys == BLOCK:
-            self.load_tile(tma_atom_K, tKgK, tKsK, bar, tx_bytes, slot, n)
+            self.load_tile(tma_atom, tXgX, tXsX, bar, tx_bytes, slot, n)
         else:
-            atom, tg, ts = kv16[0], kv16[1], kv16[2]
+            atom, tg, ts = pieces16
+            per_tile = BLOCK // PV_STEP
             pieces = (keys + PV_STEP - 1) // PV_STEP
-            bar.arrive_and_expect_tx(slot, pieces * (tx_bytes // (BLOCK // PV_STEP)))
-            for c in cutlass.range_constexpr(BLOCK // PV_STEP):
+            bar.arrive_and_expect_tx(slot, pieces * (tx_bytes // per_tile))
+            for c in cutlass.range_constexpr(per_tile):
                 if c < pieces:
-                    for hh in cutlass.range_constexpr(cute.size(ts, mode=[2])):
-                        cute.copy(atom, tg[None, n * (BLOCK // PV_STEP) + c, hh], ts[None, c, hh, slot],
-                                  tma_bar_ptr=bar.get_barrier(slot))
-
-    @cute.jit
-    def load_v(self, tma_atom_V, tVgV, tVsV, kv16, bar, tx_bytes: cutlass.Constexpr, slot: Int32, n: Int32,
-               keys: Int32):
-        """(warp 0, ``partial_loads``) V tile ``n`` into ``slot``, as :meth:`load_k` (the P V steps past
-        ``ceil16(keys)`` are not issued, so the pieces not loaded are never read)."""
-        if keys == BLOCK:
-            self.load_tile(tma_atom_V, tVgV, tVsV, bar, tx_bytes, slot, n)
-        else:
-            atom, tg, ts = kv16[3], kv16[4], kv16[5]
-            pieces = (keys + PV_STEP - 1) // PV_STEP
-            bar.arrive_and_expect_tx(slot, pieces * (tx_bytes // (BLOCK // PV_STEP)))
-            for c in cutlass.range_constexpr(BLOCK // PV_STEP):
-                if c < pieces:
-                    for hh in cutlass.range_constexpr(cute.size(ts, mode=[1])):
-                        cute.copy(atom, tg[None, hh, n * (BLOCK // PV_STEP) + c], ts[None, hh, c, slot],
-                                  tma_bar_ptr=bar.get_barrier(slot))
+                    for hh in cutlass.range_constexpr(cute.size(ts, mode=[1 if const_expr(is_v) else 2])):
+                        if const_expr(is_v):
+                            src, dst = tg[None, hh, n * per_tile + c], ts[None, hh, c, slot]
+                        else:
+                            src, dst = tg[None, n * per_tile + c, hh], ts[None, c, hh, slot]
+                        cute.copy(atom, src, dst, tma_bar_ptr=bar.get_barrier(slot))
 
     @cute.jit
     def load_gate(self, tma_atom_G, mG: cute.Tensor, sK: cute.Tensor, bar_k, tx_bytes: cutlass.Constexpr,
