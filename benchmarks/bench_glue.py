@@ -1,13 +1,15 @@
 #!/usr/bin/env python
 """Sweep of the VSA glue kernels' tuning variants on real model grids: which variant wins.
 
-The four Triton glue kernels of ``video_sparse_attn``'s forward (``fastvideo_cute/kernels/triton/``):
+The Triton glue kernels of ``video_sparse_attn`` (``fastvideo_cute/kernels/triton/``), the
+forward's four and the coarse attention's backward:
 
   compress  vsa_compress_fwd  (block means of q, k, v)       config=  mode / evict_first / block_t / num_warps
   coarse    vsa_select_fwd    (coarse attention + scores)    tiles= / num_stages= / kv_splits=;
                                                              coarse_variant="twophase" + phase_tiles=
   topk      vsa_topk          (exact top-k -> q2k lists)     variant=
   gate      vsa_gate_fwd      (out = out_s + gate * out_c)   config=  block_t / num_warps / evict_first
+  coarsebwd vsa_coarse_bwd    (dqc, dkc, dvc; two phases)    tiles= per phase
 
 Inputs are built as the library builds them (``fastvideo_cute.to_tiles`` of random raster bf16
 q/k/v/gate on the preset's latent grid, ``variable_block_sizes`` for the partial edge tiles, the
@@ -19,6 +21,8 @@ the GPU time of its kernels from ``torch.profiler`` instead, what the end-to-end
 free of host launch time) and checked on the
 GPU against the current default's output of the same run:
 
+  coarsebwd              dqc / dkc / dvc within COARSE_TOL of the default (another tiling sums the
+                         same tf32x3 products in another order)
   gate, topk             bitwise (``torch.equal``; top-k: the same index lists and counts)
   compress               bitwise, or within atol = rtol = 1e-5 of the default where a variant sums
                          in another order (``block_t`` / ``num_warps``; "bitwise" reported beside it)
@@ -132,6 +136,34 @@ COARSE2_VARIANTS = [
     ("2p-p1-128x128w8-p2-32x32d64w2", ((128, 128, None, 8), (32, 32, 64, 2, 3))),
     ("2p-p1-32x32w2-p2-32x32d64w2", ((32, 32, None, 2), (32, 32, 64, 2, 3))),
 ]
+# Backward of the coarse attention (vsa_coarse_bwd, two phases, the scratch the library passes): (name,
+# tiles) with tiles = {"a": cfg, "b": cfg} over coarse_bwd_tiles' defaults, cfg = (BLOCK_Q, BLOCK_KV,
+# BLOCK_D or None, num_warps[, num_stages]); phase a walks kv chunks of BLOCK_KV per BLOCK_Q rows, phase b
+# q chunks of BLOCK_Q per BLOCK_KV columns.
+COARSE_BWD_VARIANTS = [
+    ("default", None),
+    ("a16x32w4", {"a": (16, 32, None, 4)}),
+    ("a16x32w2", {"a": (16, 32, None, 2)}),
+    ("a16x64w4", {"a": (16, 64, None, 4)}),
+    ("a32x64w4", {"a": (32, 64, None, 4)}),
+    ("a64x32w4", {"a": (64, 32, None, 4)}),
+    ("a64x64w8", {"a": (64, 64, None, 8)}),
+    ("a32x32w4-st2", {"a": (32, 32, None, 4, 2)}),
+    ("a32x32w4-st4", {"a": (32, 32, None, 4, 4)}),
+    ("a16x16w2", {"a": (16, 16, None, 2)}),
+    ("a32x32w2", {"a": (32, 32, None, 2)}),
+    ("a32x32w8", {"a": (32, 32, None, 8)}),
+    ("b16x32w4", {"b": (16, 32, None, 4)}),
+    ("b64x32w4", {"b": (64, 32, None, 4)}),
+    ("b32x64w4", {"b": (32, 64, None, 4)}),
+    ("b32x16w2", {"b": (32, 16, None, 2)}),
+    ("b64x16w4", {"b": (64, 16, None, 4)}),
+    ("b64x64w8", {"b": (64, 64, None, 8)}),
+    ("b32x32w2", {"b": (32, 32, None, 2)}),
+    ("b32x32w8", {"b": (32, 32, None, 8)}),
+    ("b32x32w4-st2", {"b": (32, 32, None, 4, 2)}),
+    ("b32x32w4-st4", {"b": (32, 32, None, 4, 4)}),
+]
 TOPK_VARIANTS = ["search32", "rows1w1", "rows1w1x", "rows2w1x", "rows4w1x", "rows2w2x", "rows4w4x", "rows8w4x",
                  "rows8w8x", "bisectw1", "bisectw2", "bisectw4", "radixw1x", "radixw4x"]
 
@@ -154,8 +186,8 @@ MEAN_TOL = dict(atol=1e-5, rtol=1e-5)
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--cases", nargs="+", default=[c[0] for c in CASES], choices=[c[0] for c in CASES])
-    p.add_argument("--kernels", nargs="+", default=["compress", "coarse", "topk", "gate"],
-                   choices=["compress", "coarse", "topk", "gate"])
+    p.add_argument("--kernels", nargs="+", default=["compress", "coarse", "topk", "gate", "coarsebwd"],
+                   choices=["compress", "coarse", "topk", "gate", "coarsebwd"])
     p.add_argument("--layouts", nargs="+", default=["bhsd", "bshd"], choices=["bhsd", "bshd"])
     p.add_argument("--warmup", type=int, default=5, help="do_bench warmup (ms)")
     p.add_argument("--rep", type=int, default=25, help="do_bench repetition time (ms)")
@@ -409,6 +441,50 @@ class Sweep:
                 self._timed_once(c, "topk", "-", variant, variant, run, check)
         return ref[0]  # out_c (the gate's input)
 
+    def coarse_bwd(self, c, means):
+        """The coarse attention's backward (both phases, the two fp32 scratch tensors the library
+        allocates) per tile variant, checked against the default's dqc / dkc / dvc: another tiling
+        sums the same products in another order (COARSE_TOL, the tf32x3 bound above)."""
+        torch = self.torch
+        from fastvideo_cute.kernels.triton.vsa_coarse_bwd import vsa_coarse_bwd
+        from fastvideo_cute.kernels.triton.vsa_select import vsa_select_fwd
+
+        qc, kc, vc = means
+        b, h, qb, d = qc.shape
+        kvb = kc.shape[2]
+        dev = self.device
+        precision = "tf32x3" if self.cuda else "ieee"
+        k = min(c.topk, kvb)
+        out = torch.empty(b, h, qb, d, dtype=c.q.dtype, device=dev)
+        out32 = torch.empty(b, h, qb, d, device=dev)
+        lse = torch.empty(b, h, qb, device=dev)
+        idx = torch.empty(b, h, qb, k, dtype=torch.int32, device=dev)
+        num = torch.empty(b, h, qb, dtype=torch.int32, device=dev)
+        scores = torch.empty(b, h, qb, kvb, device=dev) if k < kvb else None
+        vsa_select_fwd(qc, kc, vc, c.sizes, out, out32, lse, idx, num, scores, topk=c.topk, sm_scale=d ** -0.5,
+                       precision=precision)
+        g = torch.Generator(device=dev).manual_seed(1)
+        dout = torch.randn(b, h, qb, d, device=dev, generator=g).to(c.q.dtype)
+        grads = [torch.empty_like(x) for x in (qc, kc, vc)]
+        scratch = torch.empty((2, b, h, qb, kvb), device=dev)
+
+        def run_with(tiles):
+            def run():
+                vsa_coarse_bwd(qc, kc, vc, c.sizes, dout, out32, lse, *grads, sm_scale=d ** -0.5,
+                               precision=precision, p_scratch=scratch[0], ds_scratch=scratch[1], tiles=tiles)
+                return None if getattr(run, "timed", False) else [x.clone() for x in grads]
+            return run
+
+        ref = run_with(None)()
+        for name, tiles in COARSE_BWD_VARIANTS:
+            def check(got, ref=ref):
+                close = [_close(a, b_, **COARSE_TOL) for a, b_ in zip(got, ref)]
+                bitwise = all(_equal(a, b_) for a, b_ in zip(got, ref))
+                ok = all(c_[0] for c_ in close)
+                return ("ok" if ok else "mismatch"), {"bitwise": bitwise, "max_abs_grads": max(c_[1] for c_ in close)}
+
+            self._timed_once(c, "coarsebwd", "-", name, tiles, run_with(tiles), check)
+
     def gate(self, c, out_c):
         torch = self.torch
         from fastvideo_cute.kernels.triton.vsa_gate import vsa_gate_fwd
@@ -451,6 +527,8 @@ class Sweep:
                 if li == 0:  # coarse and top-k do not depend on the layout
                     out_c = self.coarse_and_topk(c, means, "coarse" in self.args.kernels,
                                                  "topk" in self.args.kernels)
+                    if "coarsebwd" in self.args.kernels:
+                        self.coarse_bwd(c, means)
                 if "gate" in self.args.kernels:
                     self.gate(c, out_c)
                 del c
@@ -502,6 +580,7 @@ def main(argv=None):
     payload = {"schema": 1, "name": "bench_glue", "env": environment(), "config": vars(args),
                "seconds": time.time() - t0, "variants": {"compress": COMPRESS_VARIANTS, "gate": GATE_VARIANTS,
                                                           "coarse": COARSE_VARIANTS, "coarse2": COARSE2_VARIANTS,
+                                                          "coarsebwd": COARSE_BWD_VARIANTS,
                                                           "topk": TOPK_VARIANTS},
                "results": rows, "winners": table}
     out = Path(args.out) if args.out else REPO / "benchmarks" / "results" / "glue.json"
