@@ -18,6 +18,9 @@ also inside a compiled graph. The sizes range check runs inside the forward op, 
 ``fastvideo_cute::block_sparse_attn_fwd_gated`` is ``video_sparse_attn``'s inference forward
 on a backend that fuses the gate composition into its epilogue (``fuses_gate``, the ``sm90``
 backend): it returns ``out_s + gate * out_c`` and has no autograd (only no-grad calls take it).
+``fastvideo_cute::block_sparse_attn_fwd_gated_train`` is its training twin: ``(out, out_s, lse)``,
+the sparse branch's output and LSE beside the composition, for ``video_sparse_attn``'s own
+backward (``vsa_autograd``), which runs the route's block-sparse backward on them.
 
 ``dispatch_counts`` counts, per ``(backend, "fwd" | "bwd")``, the calls the ops ran on each
 backend (tests observe which backend served a call through it; the gated forward counts as
@@ -111,6 +114,34 @@ _fwd_gated = torch.library.custom_op("fastvideo_cute::block_sparse_attn_fwd_gate
 def _fwd_gated_fake(q, k, v, kv_block_sizes, block_size, bshd, sm_scale, route, range_checked, q2k_idx, q2k_num,
                     gate, out_c):
     return torch.empty_like(q, memory_format=torch.contiguous_format)
+
+
+def _fwd_gated_train_impl(q: Tensor, k: Tensor, v: Tensor, kv_block_sizes: Tensor, block_size: int, bshd: bool,
+                          sm_scale: float, route: str, range_checked: bool, q2k_idx: Tensor, q2k_num: Tensor,
+                          gate: Tensor, out_c: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+    """``video_sparse_attn``'s training forward on a backend whose epilogue fuses the gate:
+    ``(out_s + gate * out_c, out_s, lse)`` (``out_s``, ``lse``: the sparse branch's, what the
+    route's block-sparse backward takes). No autograd of its own (``vsa_autograd`` owns it)."""
+    if not range_checked:
+        check_sizes_range(kv_block_sizes, block_size)
+    route = route.split(ROUTE_SEP)[0]
+    dispatch_counts[(route, "fwd")] += 1
+    out_s = torch.empty_like(q, memory_format=torch.contiguous_format)
+    out, lse = BACKENDS[route].forward_gated(q, k, v, _sparsity(None, q2k_idx, q2k_num, kv_block_sizes),
+                                             kv_block_sizes, gate, out_c, block_size=block_size, bshd=bshd,
+                                             sm_scale=sm_scale, out_s=out_s)
+    return out, out_s, lse
+
+
+_fwd_gated_train = torch.library.custom_op("fastvideo_cute::block_sparse_attn_fwd_gated_train",
+                                           mutates_args=())(_fwd_gated_train_impl)
+
+
+@_fwd_gated_train.register_fake
+def _fwd_gated_train_fake(q, k, v, kv_block_sizes, block_size, bshd, sm_scale, route, range_checked, q2k_idx,
+                          q2k_num, gate, out_c):
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    return out, torch.empty_like(out), q.new_empty(_bhs(q, bshd), dtype=torch.float32)
 
 
 def _bwd_impl(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, block_map: Optional[Tensor],

@@ -11,7 +11,11 @@ those copies instead of k / v) -> coarse attention + top-k
 ``out = out_s + gate * out_c`` (``vsa_gate``). An inference call with a gate on a route whose
 forward backend fuses the gate into its epilogue (``fuses_gate``: ``sm90``, chosen by
 ``routes.select_vsa_routes``) runs ``block_sparse_attn_fwd_gated`` instead of the forward and
-the gate pass (that backend masks K/V padding itself, so no padding-zeroed copy is made either).
+the gate pass (that backend masks K/V padding itself, so no padding-zeroed copy is made either);
+a training call with a gate whose forward runs there (the route table pairs ``sm90``'s forward with
+cuDNN's backward) runs ``block_sparse_attn_fwd_gated_train``: the same epilogue, which also stores
+``out_s`` for the backward, so training skips the gate pass too (the backward is unchanged: the same
+``out_s`` and LSE bits; ``out`` is rounded once from fp32 instead of from the rounded ``out_s``).
 
 Backward, in this order:
 
@@ -94,7 +98,7 @@ def _fuses_gate(route: str) -> bool:
 
 def _op(name: str):
     """The custom op while ``torch.compile`` traces (it must see the op), else its implementation."""
-    module = ops if name in ("_fwd", "_bwd", "_fwd_gated") else vsa_ops
+    module = ops if name in ("_fwd", "_bwd", "_fwd_gated", "_fwd_gated_train") else vsa_ops
     return getattr(module, name if torch.compiler.is_compiling() else name + "_impl")
 
 
@@ -125,6 +129,10 @@ class _VideoSparseAttn(torch.autograd.Function):
             # Inference with the gate fused into the forward's epilogue (sm90): no gate pass.
             out = _op("_fwd_gated")(q, k_run, v_run, kv_sizes, block, bshd, sm_scale, route, range_checked,
                                     q2k_idx, q2k_num, gate, out_c)
+        elif gate is not None and _fuses_gate(route):
+            # Training, the gate fused the same way; the epilogue also stores out_s for the backward.
+            out, out_s, lse_s = _op("_fwd_gated_train")(q, k_run, v_run, kv_sizes, block, bshd, sm_scale, route,
+                                                        range_checked, q2k_idx, q2k_num, gate, out_c)
         else:
             out_s, lse_s = _op("_fwd")(q, k_run, v_run, None, kv_sizes, block, bshd, need_grad, sm_scale,
                                        need_grad, route, range_checked, q2k_idx, q2k_num, clean_v)

@@ -1,8 +1,9 @@
-"""video_sparse_attn's fused-gate path (vsa_autograd -> ops.block_sparse_attn_fwd_gated), emulated
-on the Triton route without a GPU: a test-only backend with ``fuses_gate`` runs the Triton forward
-and the gate op itself, so the results must equal the plain Triton route's bit for bit. Checks
-which op runs (gated forward, no gate pass, no padding-zeroed copy) for inference only, in eager
-mode and under torch.compile(fullgraph), and the op's fake implementation."""
+"""video_sparse_attn's fused-gate path (vsa_autograd -> ops.block_sparse_attn_fwd_gated, and
+block_sparse_attn_fwd_gated_train with grad), emulated on the Triton route without a GPU: a
+test-only backend with ``fuses_gate`` runs the Triton forward and the gate op itself, so the
+results (outputs and gradients) must equal the plain Triton route's bit for bit. Checks which op
+runs (gated forward, no gate pass, no padding-zeroed copy), in eager mode and under
+torch.compile(fullgraph), and the ops' fake implementations."""
 
 import pytest
 import torch
@@ -27,11 +28,15 @@ class _GatedProbe(TritonBackend):
     def __init__(self):
         self.gated_calls = 0
 
-    def forward_gated(self, q, k, v, sparsity, kv_block_sizes, gate, out_c, *, block_size, bshd, sm_scale):
+    def forward_gated(self, q, k, v, sparsity, kv_block_sizes, gate, out_c, *, block_size, bshd, sm_scale,
+                      out_s=None):
         self.gated_calls += 1
-        out_s, lse = self.forward(q, k, v, sparsity, kv_block_sizes, block_size=block_size, bshd=bshd,
-                                  need_backward=False, sm_scale=sm_scale)
-        return vsa_ops._gate_impl(out_s, out_c, gate, block_size, bshd), lse
+        self.out_s_calls = getattr(self, "out_s_calls", 0) + (out_s is not None)
+        res, lse = self.forward(q, k, v, sparsity, kv_block_sizes, block_size=block_size, bshd=bshd,
+                                need_backward=out_s is not None, sm_scale=sm_scale)
+        if out_s is not None:
+            out_s.copy_(res)
+        return vsa_ops._gate_impl(res, out_c, gate, block_size, bshd), lse
 
 
 @pytest.fixture
@@ -85,18 +90,44 @@ def test_inference_with_a_gate_runs_the_fused_forward(gprobe, monkeypatch, bshd)
     assert torch.isfinite(got).all() and torch.equal(got, want)
 
 
-def test_no_gate_or_grad_takes_the_plain_forward_and_the_gate_pass(gprobe, monkeypatch):
+def test_no_gate_takes_the_plain_forward_and_the_gate_pass(gprobe, monkeypatch):
     (q, k, v, gate), sizes, vsa = _case(False)
     monkeypatch.setenv("FASTVIDEO_VSA_BACKEND", "gprobe")
     calls = _spy(monkeypatch)
     with torch.no_grad():
         vsa(q, k, v, sizes, sizes, 2, 64)  # no gate: out_s + out_c through the gate op
     assert gprobe.gated_calls == 0 and calls["gate"] == 1 and calls["fwd"] == 1
-    leaves = [x.clone().requires_grad_(True) for x in (q, k, v, gate)]
-    out = vsa(*leaves[:3], sizes, sizes, 2, 64, compress_attn_weight=leaves[3])
+    leaves = [x.clone().requires_grad_(True) for x in (q, k, v)]
+    out = vsa(*leaves, sizes, sizes, 2, 64)
     assert gprobe.gated_calls == 0 and calls["gate"] == 2 and calls["fwd"] == 2
     grads = torch.autograd.grad(out, leaves, torch.ones_like(out))
     assert all(torch.isfinite(g).all() for g in grads)
+
+
+@pytest.mark.parametrize("bshd", [False, True])
+def test_training_with_a_gate_runs_the_fused_forward_with_out_s(gprobe, monkeypatch, bshd):
+    """With grad, the gated training op: one gated forward that also fills out_s, no plain forward
+    and no gate pass of the glue; output and every gradient equal the plain Triton route's bit for
+    bit (the backward reads the same out_s and LSE)."""
+    (q, k, v, gate), sizes, vsa = _case(bshd, seed=33)
+    g = torch.Generator().manual_seed(5)
+    dout = torch.randn(q.shape, generator=g).to(DEV)
+
+    def run():
+        leaves = [x.clone().requires_grad_(True) for x in (q, k, v, gate)]
+        out = vsa(*leaves[:3], sizes, sizes, 2, 64, compress_attn_weight=leaves[3])
+        return (out.detach(), *torch.autograd.grad(out, leaves, dout))
+
+    monkeypatch.setenv("FASTVIDEO_VSA_TRITON", "1")
+    want = run()
+    monkeypatch.delenv("FASTVIDEO_VSA_TRITON")
+    monkeypatch.setenv("FASTVIDEO_VSA_BACKEND", "gprobe")
+    calls = _spy(monkeypatch)
+    got = run()
+    assert gprobe.gated_calls == 1 and gprobe.out_s_calls == 1
+    assert calls == {"gate": 1, "fwd": 0, "clean": 0}  # the one gate call is the probe's own
+    for name, a, b in zip(("out", "dq", "dk", "dv", "dgate"), got, want):
+        assert torch.isfinite(a).all() and torch.equal(a, b), name
 
 
 def test_the_fused_route_makes_no_clean_copy():
@@ -134,4 +165,31 @@ def test_the_gated_op_has_a_fake_implementation(bshd):
         idx, num = torch.empty(2, 3, 3, 2, dtype=torch.int32), torch.empty(2, 3, 3, dtype=torch.int32)
         out_c = torch.empty(2, 3, 3, 64, dtype=torch.bfloat16)
         out = ops._fwd_gated(q, k, v, sizes, 64, bshd, 0.125, "sm90|sm90", True, idx, num, gate, out_c)
-    assert out.shape == q.shape and out.dtype == q.dtype and out.stride() == torch.empty(shape).stride()
+        out2, out_s, lse = ops._fwd_gated_train(q, k, v, sizes, 64, bshd, 0.125, "sm90|cudnn", True, idx, num, gate,
+                                                out_c)
+    contiguous = torch.empty(shape).stride()
+    assert out.shape == q.shape and out.dtype == q.dtype and out.stride() == contiguous
+    for x in (out2, out_s):
+        assert x.shape == q.shape and x.dtype == q.dtype and x.stride() == contiguous
+    assert lse.shape == (2, 3, 192) and lse.dtype == torch.float32
+
+
+def test_compiled_fullgraph_traces_the_gated_training_op(gprobe, monkeypatch):
+    """torch.compile(fullgraph) of a training call with a gate traces the gated training op (its fake
+    implementation) and gives the eager call's output and gradients."""
+    torch._dynamo.reset()
+    (q, k, v, gate), sizes, vsa = _case(False, seed=34)
+    monkeypatch.setenv("FASTVIDEO_VSA_BACKEND", "gprobe")
+    fn = lambda q, k, v, g: vsa(q, k, v, sizes, sizes, 2, 64, compress_attn_weight=g)  # noqa: E731
+
+    def run(f):
+        leaves = [x.clone().requires_grad_(True) for x in (q, k, v, gate)]
+        out = f(*leaves)
+        return (out.detach(), *torch.autograd.grad(out, leaves, torch.ones_like(out)))
+
+    eager = run(fn)
+    calls = gprobe.out_s_calls
+    compiled = run(torch.compile(fn, fullgraph=True, backend="aot_eager"))
+    assert gprobe.out_s_calls > calls  # the traced graph ran the gated training op
+    for a, b in zip(compiled, eager):
+        assert torch.equal(a, b)

@@ -89,6 +89,7 @@ def tma_problem(name: str, t: torch.Tensor) -> Optional[str]:
 
 
 def _kernel_fn(dtype: torch.dtype, head_dim: int, has_sizes: bool, fuse_gate: bool, variant: Tuple = ()):
+    """``variant``: sorted ``(keyword, value)`` pairs of the kernel's configuration."""
     key = (dtype, head_dim, has_sizes, fuse_gate, variant)
     fn = _COMPILED.get(key)
     if fn is None:
@@ -104,7 +105,8 @@ def sm90_fwd64(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q2k_idx: torch
                gate: Optional[torch.Tensor] = None,
                out_c: Optional[torch.Tensor] = None,
                variant: Optional[Dict[str, Any]] = None,
-               out: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+               out: Optional[torch.Tensor] = None,
+               out_s: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     """Our sm_90a 64-token forward: ``(out, lse)`` (module docstring). The call must pass
     :func:`sm90_fwd64_problems`; the lists are int32 and contiguous.
 
@@ -119,18 +121,30 @@ def sm90_fwd64(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q2k_idx: torch
     benchmarks' sweeps and the GPU tests; None is the kernel's default.
 
     ``out``: where the output goes (q's shape, dtype and layout, any strides that pass
-    :func:`tma_problem`, e.g. a head slice of a bigger tensor); None allocates it."""
+    :func:`tma_problem`, e.g. a head slice of a bigger tensor); None allocates it.
+
+    ``out_s`` (with ``gate``; the training forward, whose backward needs the sparse branch's own
+    output): a tensor like ``out`` that also receives ``out_s`` (the kernel's ``store_out_s``: the
+    same bits as the call without the gate returns), so the gate composition needs no pass of its
+    own in training either."""
     if (gate is None) != (out_c is None):
         raise ValueError("gate and out_c are given together or not at all")
-    if out is not None:  # checked before anything is compiled or launched
-        if out.shape != q.shape or out.dtype != q.dtype or out.device != q.device:
-            raise ValueError(f"sm90_fwd64: out must have q's shape, dtype and device {tuple(q.shape)}, {q.dtype}, "
-                             f"{q.device}; got {tuple(out.shape)}, {out.dtype}, {out.device}")
-        problem = tma_problem("out", out)
+    if out_s is not None and gate is None:
+        raise ValueError("sm90_fwd64: out_s is the sparse branch beside out_s + gate * out_c; it needs gate and out_c")
+    for name, t in (("out", out), ("out_s", out_s)):  # checked before anything is compiled or launched
+        if t is None:
+            continue
+        if t.shape != q.shape or t.dtype != q.dtype or t.device != q.device:
+            raise ValueError(f"sm90_fwd64: {name} must have q's shape, dtype and device {tuple(q.shape)}, {q.dtype}, "
+                             f"{q.device}; got {tuple(t.shape)}, {t.dtype}, {t.device}")
+        problem = tma_problem(name, t)
         if problem is not None:
             raise ValueError(f"sm90_fwd64: {problem}")
     d = q.shape[3]
-    fn = _kernel_fn(q.dtype, d, block_sizes is not None, gate is not None, tuple(sorted((variant or {}).items())))
+    variant = dict(variant or {})
+    if out_s is not None:
+        variant["store_out_s"] = True
+    fn = _kernel_fn(q.dtype, d, block_sizes is not None, gate is not None, tuple(sorted(variant.items())))
     if out is None:
         out = torch.empty_like(q, memory_format=torch.contiguous_format)
     b, h, sq, qko, vp = permutations(q.shape, bshd)  # -> (S, D, H, B) / (D, S, H, B)
@@ -138,6 +152,7 @@ def sm90_fwd64(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q2k_idx: torch
     scale = 1.0 / math.sqrt(d) if softmax_scale is None else float(softmax_scale)
     g = None if gate is None else gate.permute(qko)
     oc = None if out_c is None else out_c.permute(3, 2, 1, 0)  # [B, H, Qb, D] -> (D, Qb, H, B)
+    os_ = None if out_s is None else out_s.permute(qko)
     fn(q.permute(qko), k.permute(qko), v.permute(vp), out.permute(qko), lse.permute(2, 1, 0),
-       q2k_idx.permute(3, 2, 1, 0), q2k_num.permute(2, 1, 0), block_sizes, g, oc, scale)
+       q2k_idx.permute(3, 2, 1, 0), q2k_num.permute(2, 1, 0), block_sizes, g, oc, os_, scale)
     return out, lse

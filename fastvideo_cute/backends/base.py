@@ -21,10 +21,12 @@ A backend is an object with:
   wraps with ``BlockSparsity.of``): the backend asks it for the form its kernels take (q2k lists
   or the map), so lists that reached the op are not turned into a map and back;
 - ``fuses_gate`` (optional, default False) with ``forward_gated(q, k, v, sparsity, kv_block_sizes,
-  gate, out_c, *, block_size, bshd, sm_scale, out=None) -> (out, lse)``: the forward returns
+  gate, out_c, *, block_size, bshd, sm_scale, out=None, out_s=None) -> (out, lse)``: the forward returns
   ``video_sparse_attn``'s ``out_s + gate * out_c`` itself (``sm90``), so the glue skips its gate
   pass on an inference call; ``out`` (q's shape, dtype, layout; e.g. a head slice of the call's
-  output) is written in place when given (``vsa_pipeline``'s head groups);
+  output) is written in place when given (``vsa_pipeline``'s head groups); ``out_s`` (a tensor
+  like ``out``), when given, also receives the sparse branch's own output (the training forward:
+  its backward needs it), so the gate pass is skipped in training too;
 - ``compile_keys(call) -> {direction: CompileKey}``: the static facts each direction of the call
   compiles one kernel variant on (the warm-up's plan), for ``"fwd"`` and, with ``need_grad``,
   ``"bwd"``.

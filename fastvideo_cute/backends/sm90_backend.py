@@ -106,7 +106,7 @@ class Sm90Backend:
 
     def _run(self, q, k, v, sparsity, kv_block_sizes, block_size: int, bshd: bool, sm_scale: float,
              gate: Optional[torch.Tensor] = None, out_c: Optional[torch.Tensor] = None,
-             out: Optional[torch.Tensor] = None):
+             out: Optional[torch.Tensor] = None, out_s: Optional[torch.Tensor] = None):
         from ..adapters.cute_sm90_fwd64 import sm90_fwd64, sm90_fwd64_problems
 
         if block_size not in _BLOCKS:
@@ -130,7 +130,7 @@ class Sm90Backend:
             if out_c is not None:  # one out_c row per 64-row tile
                 out_c = out_c.repeat_interleave(ratio, dim=2)
         return sm90_fwd64(q, k, v, q2k_idx, q2k_num, sizes, bshd=bshd, softmax_scale=sm_scale, gate=gate,
-                          out_c=out_c, out=out, variant=_FWD_VARIANT)
+                          out_c=out_c, out=out, out_s=out_s, variant=_FWD_VARIANT)
 
     def forward(self, q, k, v, sparsity, kv_block_sizes, *, block_size: int, bshd: bool, need_backward: bool,
                 sm_scale: float, kv_padding_zero: bool = False):
@@ -140,13 +140,15 @@ class Sm90Backend:
         return self._run(q, k, v, sparsity, kv_block_sizes, block_size, bshd, sm_scale)
 
     def forward_gated(self, q, k, v, sparsity, kv_block_sizes, gate, out_c, *, block_size: int, bshd: bool,
-                      sm_scale: float, out: Optional[torch.Tensor] = None):
+                      sm_scale: float, out: Optional[torch.Tensor] = None, out_s: Optional[torch.Tensor] = None):
         """``(out_s + gate * out_c, lse)``: ``gate`` of q's shape, layout and dtype, ``out_c``
         ``[B, H, Qb, D]`` (one row per q block, broadcast over its tokens); the composition in
         fp32, rounded once; the LSE is the sparse branch's. ``out``: written in place (q's shape,
-        dtype and layout; e.g. a head slice of the call's output), else allocated."""
+        dtype and layout; e.g. a head slice of the call's output), else allocated. ``out_s`` (like
+        ``out``): also receives the sparse branch's output (the training forward; the kernel's
+        ``store_out_s``)."""
         return self._run(q, k, v, sparsity, kv_block_sizes, block_size, bshd, sm_scale, gate=gate, out_c=out_c,
-                         out=out)
+                         out=out, out_s=out_s)
 
     def backward(self, *args, **kwargs):
         raise RuntimeError("sm90 backend: inference only (the router never sends it a backward)")

@@ -87,9 +87,12 @@ def test_bad_configuration_is_refused():
     assert cls("float16", 64, has_block_sizes=False).config() == {
         "dtype": "float16", "head_dim": 64, "has_block_sizes": False, "fuse_gate": False, "k_stages": 1,
         "v_stages": 2, "ctas_per_sm": 3, "stmatrix_epilogue": False, "q_regs": 0, "lazy_rescale": True,
-        "lazy_vote": True, "partial_loads": False}
+        "lazy_vote": True, "partial_loads": False, "store_out_s": False}
     with pytest.raises(ValueError, match="partial_loads"):
         cls("bfloat16", 128, k_stages=2, ctas_per_sm=2, partial_loads=True)
+    with pytest.raises(ValueError, match="store_out_s"):
+        cls("bfloat16", 128, store_out_s=True)
+    assert cls("bfloat16", 128, fuse_gate=True, store_out_s=True).config()["store_out_s"] is True
 
 
 def test_predicate_refuses_cpu_tensors_with_a_reason():
@@ -109,6 +112,18 @@ def test_fused_gate_variant_compiles_within_the_register_budget():
     assert fused.regs <= 168 and fused.spill == 0, fused.line
     plain = build_report(find(NAME), "sm_90a")
     assert fused.count("UTMALDG") > plain.count("UTMALDG")
+
+
+def test_training_gate_variant_stores_out_s_by_a_second_tma_store():
+    """``store_out_s`` (the gated training forward): out_s leaves through the gate's K slot by a
+    second TMA store (two more UTMASTG sites than the inference gate build), within the
+    three-CTAs register budget (measured 156 registers, nvidia-cutlass-dsl 4.8.1), no spill."""
+    gated = _variant_report("block_sparse_fwd64_sm90_gate", fuse_gate=True)
+    train = _variant_report("block_sparse_fwd64_sm90_gate_train", fuse_gate=True, store_out_s=True)
+    print(train.line)
+    assert train.ok and train.regs <= 168 and train.spill == 0, train.line
+    assert train.count("UTMASTG") == gated.count("UTMASTG") + 2, (train.count("UTMASTG"), gated.count("UTMASTG"))
+    assert train.count("UTMALDG") == gated.count("UTMALDG")
 
 
 @pytest.mark.parametrize("pipeline", [{"k_stages": 2, "ctas_per_sm": 2}, {"k_stages": 2, "v_stages": 3, "ctas_per_sm": 2},
@@ -150,6 +165,28 @@ def test_bad_out_is_refused_before_any_compile(bad, match):
         sm90_fwd64(q, q, q, idx, num, None, bshd=False, out=out)
 
 
+@pytest.mark.parametrize("bad, match", [
+    (dict(gate=False), "out_s .* needs gate and out_c"),
+    (dict(shape=(1, 2, 128, 64)), "out_s must have q's shape"),
+    (dict(offset=8), "out_s's base address"),
+])
+def test_bad_out_s_is_refused_before_any_compile(bad, match):
+    """``sm90_fwd64(out_s=)`` (the gated training forward): without the gate, or of a wrong shape or
+    a base TMA cannot take, a ValueError naming ``out_s`` before any compile (CPU tensors)."""
+    from fastvideo_cute.adapters.cute_sm90_fwd64 import sm90_fwd64
+
+    q = torch.zeros(1, 2, 128, 128, dtype=torch.bfloat16)
+    if "offset" in bad:
+        out_s = torch.zeros(q.numel() + bad["offset"], dtype=q.dtype)[bad["offset"]:].view(q.shape)
+    else:
+        out_s = torch.zeros(bad.get("shape", q.shape), dtype=q.dtype)
+    idx = torch.zeros(1, 2, 2, 1, dtype=torch.int32)
+    num = torch.ones(1, 2, 2, dtype=torch.int32)
+    gate = (q, torch.zeros(1, 2, 2, 128, dtype=q.dtype)) if bad.get("gate", True) else (None, None)
+    with pytest.raises(ValueError, match=match):
+        sm90_fwd64(q, q, q, idx, num, None, bshd=False, gate=gate[0], out_c=gate[1], out_s=out_s)
+
+
 def _serialised_wgmma(sass: str) -> int:
     """``WARPGROUP.DEPBAR`` waits in the SASS: a build whose wgmmas ptxas serialised (C7515: it
     waits after every HGMMA) has one per HGMMA; the pipelined builds have a handful (the waits the
@@ -162,9 +199,10 @@ def _serialised_wgmma(sass: str) -> int:
                                     {"q_regs": 128, "ctas_per_sm": 2}, {"head_dim": 64, "q_regs": 64},
                                     {"lazy_vote": False}, {"fuse_gate": True}, {"partial_loads": True},
                                     {"partial_loads": True, "fuse_gate": True},
-                                    {"partial_loads": True, "head_dim": 64}],
+                                    {"partial_loads": True, "head_dim": 64},
+                                    {"fuse_gate": True, "store_out_s": True}],
                          ids=["default", "eager", "q64", "q112", "q112-gate", "q128-c2", "d64-q64", "novote",
-                              "gate", "partial", "partial-gate", "partial-d64"])
+                              "gate", "partial", "partial-gate", "partial-d64", "gate-train"])
 def test_register_and_pipeline_variants_keep_wgmma_pipelined(config):
     """The rescale and Q-in-registers options build with no spill and with their wgmmas pipelined:
     a conditional rescale of O beside a wgmma in flight, or a spilled Q fragment, made ptxas

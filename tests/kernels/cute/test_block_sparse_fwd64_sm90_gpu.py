@@ -146,11 +146,13 @@ def test_nan_in_a_visible_query_row_propagates(variant):
     assert torch.isfinite(out[0, 0, 4]).all()
 
 
-@pytest.mark.parametrize("gated", [False, True], ids=["plain", "gate"])
+@pytest.mark.parametrize("gated", [False, True, "train"], ids=["plain", "gate", "train"])
 def test_every_list_length(gated, variant):
     """Query tile i of head h selects i + h kv tiles (0-8, a random choice of the 12, one of them
     partial), so lists of every length up to 8 run: the first steps, the ring's wrap and, with the
-    gate, its tile in the K slots after every possible number of K loads."""
+    gate, its tile in the K slots after every possible number of K loads. ``train`` (the gate with
+    ``out_s``, whose epilogue stages out_s in the gate's K slot): out_s is the plain call's out bit
+    for bit, out the inference gate build's."""
     B, H, S, D = 1, 2, 768, 128
     q, k, v, bm, sizes = _case(False, B, H, S, S, D, torch.bfloat16, {4: 23}, seed=11)
     g = torch.Generator(device="cuda").manual_seed(12)
@@ -169,6 +171,13 @@ def test_every_list_length(gated, variant):
         out_c = torch.randn(B, H, S // 64, D, device="cuda", dtype=torch.bfloat16, generator=g)
         out, lse = sm90_fwd64(q, k, v, idx, num, sizes, bshd=False, gate=gate, out_c=out_c, variant=variant)
         ro = reference.gate_compose_reference(ro, out_c, gate, 64)
+        if gated == "train":
+            out_s = torch.full_like(q, float("nan"))
+            out_t, lse_t = sm90_fwd64(q, k, v, idx, num, sizes, bshd=False, gate=gate, out_c=out_c, variant=variant,
+                                      out_s=out_s)
+            plain, plain_lse = sm90_fwd64(q, k, v, idx, num, sizes, bshd=False, variant=variant)
+            assert torch.equal(out_s, plain) and torch.equal(lse_t, plain_lse)
+            assert torch.equal(out_t, out) and torch.equal(lse_t, lse)
     else:
         out, lse = sm90_fwd64(q, k, v, idx, num, sizes, bshd=False, variant=variant)
     assert torch.isfinite(out).all()

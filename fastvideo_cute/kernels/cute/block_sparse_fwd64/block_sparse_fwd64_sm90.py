@@ -28,6 +28,10 @@ specialisation; the latency is hidden by three CTAs per SM, ``min_blocks_per_mp=
     ``out_s + gate * out_c`` (VSA's gate composition: the gate tile arrives by TMA in a K slot
     once the last S has retired, on that slot's barrier; out_c's row of the query tile is read per
     column; fp32, rounded once), so the composition needs no pass of its own;
+  - ``store_out_s`` (with ``fuse_gate``; the training forward): the epilogue also stores ``out_s``
+    (the sparse branch alone, which the backward needs), staged in the gate's K slot once every
+    thread has read its gate values, by a second TMA store; ``out_s`` is the same bits as the
+    unfused kernel's ``out``, so the gate needs no pass in training either;
   - ``lazy_rescale`` (the default): a row's reference max moves only when the row's max passes
     it by more than 2^8 (``RESCALE_THRESHOLD``), so after the first steps O is almost never
     rescaled; the rescale, when a row needs it, runs once P V[j-1] has retired (a conditional
@@ -65,7 +69,8 @@ Layouts (the cuDNN-frontend blk64 entry's, so one host path serves both): q / k 
 ``(S, D, H, B)``, v ``(D, S, H, B)`` (unit stride on D, 128-byte aligned bases, every other stride
 dynamic), lse fp32 ``(S, H, B)``, idx int32 ``(W, Qb, H, B)``, num int32 ``(Qb, H, B)``, sizes int32
 ``(KVb,)`` or None; with ``fuse_gate`` also gate ``(S, D, H, B)`` (q's layout) and out_c
-``(D, Qb, H, B)`` (unit stride on D), else None. head_dim 64 or 128, fp16/bf16. Shared memory
+``(D, Qb, H, B)`` (unit stride on D), else None; with ``store_out_s`` out_s ``(S, D, H, B)`` (q's
+layout), else None. head_dim 64 or 128, fp16/bf16. Shared memory
 (default pipeline): (64 D) x 4 x 2 B + barriers, 64 KB + 32 B at D = 128, three CTAs per SM within
 the H200's 227 KB (``__init__`` refuses a pipeline whose CTAs do not fit).
 """
@@ -133,7 +138,7 @@ class BlockSparseFwd64Sm90(CuteKernel):
     def __init__(self, dtype: str = "bfloat16", head_dim: int = 128, *, has_block_sizes: bool = True,
                  fuse_gate: bool = False, k_stages: int = 1, v_stages: int = 2, ctas_per_sm: int = 3,
                  stmatrix_epilogue: bool = False, q_regs: int = 0, lazy_rescale: bool = True,
-                 lazy_vote: Optional[bool] = None, partial_loads: bool = False):
+                 lazy_vote: Optional[bool] = None, partial_loads: bool = False, store_out_s: bool = False):
         if dtype not in DTYPE_NAMES:
             raise ValueError(f"dtype must be one of {DTYPE_NAMES}, got {dtype!r}")
         if head_dim not in HEAD_DIMS:
@@ -169,13 +174,17 @@ class BlockSparseFwd64Sm90(CuteKernel):
             raise ValueError(f"partial_loads needs the default rings (k_stages=1, v_stages=2), got "
                              f"k_stages={k_stages}, v_stages={v_stages}")
         self.partial_loads = bool(partial_loads)
+        if store_out_s and not fuse_gate:
+            raise ValueError("store_out_s (out_s beside out_s + gate * out_c) needs fuse_gate; without the gate "
+                             "the kernel's out is out_s")
+        self.store_out_s = bool(store_out_s)
 
     def config(self) -> Mapping[str, Any]:
         return {"dtype": self.dtype_name, "head_dim": self.head_dim, "has_block_sizes": self.has_block_sizes,
                 "fuse_gate": self.fuse_gate, "k_stages": self.k_stages, "v_stages": self.v_stages,
                 "ctas_per_sm": self.ctas_per_sm, "stmatrix_epilogue": self.stmatrix_epilogue,
                 "q_regs": self.q_regs, "lazy_rescale": self.lazy_rescale, "lazy_vote": self.lazy_vote,
-                "partial_loads": self.partial_loads}
+                "partial_loads": self.partial_loads, "store_out_s": self.store_out_s}
 
     def fake_args(self) -> tuple:
         dt = _CUTE_DTYPES[self.dtype_name]
@@ -196,12 +205,13 @@ class BlockSparseFwd64Sm90(CuteKernel):
         sizes = tensor(Int32, (kvb,), 0, 4) if self.has_block_sizes else None
         gate = tensor(dt, (sq, d, h, b), 1, BASE_ALIGN) if self.fuse_gate else None
         out_c = tensor(dt, (d, qb, h, b), 0, 4) if self.fuse_gate else None
-        return (q, k, v, out, lse, idx, num, sizes, gate, out_c, Float32(1.0), fake_stream())
+        out_s = tensor(dt, (sq, d, h, b), 1, BASE_ALIGN) if self.store_out_s else None
+        return (q, k, v, out, lse, idx, num, sizes, gate, out_c, out_s, Float32(1.0), fake_stream())
 
     # ------------------------------------------------------------------ host side
     @cute.jit
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
-                 mIdx: cute.Tensor, mNum: cute.Tensor, mSizes, mGate, mOutC, softmax_scale: Float32,
+                 mIdx: cute.Tensor, mNum: cute.Tensor, mSizes, mGate, mOutC, mOs, softmax_scale: Float32,
                  stream: cuda.CUstream):
         d = self.head_dim
         dt = _CUTE_DTYPES[self.dtype_name]
@@ -230,6 +240,11 @@ class BlockSparseFwd64Sm90(CuteKernel):
         else:
             tma_atom_G, tma_G = tma_atom_K, tma_K  # placeholders, never used
         out_c = mOutC if const_expr(self.fuse_gate) else mNum
+        if const_expr(self.store_out_s):  # out_s leaves from the gate's K slot (K's tile layout = Q's)
+            tma_atom_Os, tma_Os = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileS2GOp(), static_dim(mOs, 1),
+                                                              sK_one, (BLOCK, d))
+        else:
+            tma_atom_Os, tma_Os = tma_atom_O, tma_O  # placeholders, never used
         if const_expr(self.partial_loads):  # 16-key pieces (x 64 columns) of K and V, for partial tiles
             hd = min(d, 64)
             sK_piece = cute.tile_to_shape(k_atom, (PV_STEP, hd), order=(0, 1))
@@ -264,7 +279,7 @@ class BlockSparseFwd64Sm90(CuteKernel):
         sizes = mSizes if const_expr(self.has_block_sizes) else mNum  # a placeholder never read
         self.kernel(
             tma_atom_Q, tma_Q, tma_atom_K, tma_K, tma_atom_V, tma_V, tma_atom_O, tma_O, tma_atom_G, tma_G, out_c,
-            tma_atom_K16, tma_K16, tma_atom_V16, tma_V16, mLSE, mIdx, mNum, sizes,
+            tma_atom_Os, tma_Os, tma_atom_K16, tma_K16, tma_atom_V16, tma_V16, mLSE, mIdx, mNum, sizes,
             sQ_layout, sK_layout, sV_layout, mma_qk, mma_qk_rs, mma_pv, scale_log2, SharedStorage,
         ).launch(grid=grid, block=(THREADS, 1, 1), smem=SharedStorage.size_in_bytes(), stream=stream,
                  # three CTAs per SM: ptxas caps a thread at 65536 / 384 registers; the full
@@ -308,7 +323,7 @@ class BlockSparseFwd64Sm90(CuteKernel):
     def kernel(self, tma_atom_Q: cute.CopyAtom, mQ: cute.Tensor, tma_atom_K: cute.CopyAtom, mK: cute.Tensor,
                tma_atom_V: cute.CopyAtom, mV: cute.Tensor, tma_atom_O: cute.CopyAtom, mO: cute.Tensor,
                tma_atom_G: cute.CopyAtom, mG: cute.Tensor, mOutC: cute.Tensor,
-               tma_atom_K16: cute.CopyAtom, mK16: cute.Tensor, tma_atom_V16: cute.CopyAtom, mV16: cute.Tensor,
+               tma_atom_Os: cute.CopyAtom, mOs: cute.Tensor, tma_atom_K16: cute.CopyAtom, mK16: cute.Tensor, tma_atom_V16: cute.CopyAtom, mV16: cute.Tensor,
                mLSE: cute.Tensor, mIdx: cute.Tensor, mNum: cute.Tensor, mSizes,
                sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout, sV_layout: cute.ComposedLayout,
                mma_qk: cute.TiledMma, mma_qk_rs: cute.TiledMma, mma_pv: cute.TiledMma, scale_log2: Float32,
@@ -336,6 +351,8 @@ class BlockSparseFwd64Sm90(CuteKernel):
                 cpasync.prefetch_descriptor(atom)
             if const_expr(self.fuse_gate):
                 cpasync.prefetch_descriptor(tma_atom_G)
+            if const_expr(self.store_out_s):
+                cpasync.prefetch_descriptor(tma_atom_Os)
             if const_expr(self.partial_loads):
                 cpasync.prefetch_descriptor(tma_atom_K16)
                 cpasync.prefetch_descriptor(tma_atom_V16)
@@ -558,14 +575,24 @@ class BlockSparseFwd64Sm90(CuteKernel):
             inv, lse, empty = finalize_row(row_max[r], total, scale_log2)
             for c in cutlass.range_constexpr(num_cols):
                 acc_O_mn[r, c] = Float32(0.0) if empty else acc_O_mn[r, c] * inv
-                if const_expr(self.fuse_gate):  # out = out_s + gate * out_c[q tile] (fp32, rounded once)
+                if const_expr(self.fuse_gate and not self.store_out_s):
+                    # out = out_s + gate * out_c[q tile] (fp32, rounded once)
                     acc_O_mn[r, c] = acc_O_mn[r, c] + Float32(rG_mn[r, c]) * oc[c]
             row = qt * BLOCK + tOcO_mn[r, 0][0]
             if tOcO_mn[r, 0][1] == 0 and row < seqlen_q:
                 mLSE[row, h, b] = lse
+        rOs = acc_O  # (store_out_s) out_s rounded, before the gate is added
+        if const_expr(self.store_out_s):
+            rOs = cute.make_rmem_tensor_like(acc_O, dt)
+            rOs.store(acc_O.load().to(dt))
+            for r in cutlass.range_constexpr(num_rows):
+                for c in cutlass.range_constexpr(num_cols):
+                    acc_O_mn[r, c] = acc_O_mn[r, c] + Float32(rG_mn[r, c]) * oc[c]
         rO = cute.make_rmem_tensor_like(acc_O, dt)
         rO.store(acc_O.load().to(dt))
-        cute.arch.barrier()  # every warp's wgmma reads of Q are done before Q's buffer takes O
+        # every warp's wgmma reads of Q are done before Q's buffer takes O (and, with the gate,
+        # every thread's gate reads before its K slot takes out_s)
+        cute.arch.barrier()
         sO = sQ
         if const_expr(self.stmatrix_epilogue):  # stmatrix: 4 8x8 matrices per instruction
             st_o = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(num_matrices=4), dt)
@@ -573,12 +600,19 @@ class BlockSparseFwd64Sm90(CuteKernel):
             cute.copy(thr_st, thr_st.retile(rO), thr_st.partition_D(sO))
         else:
             cute.copy(thr_copy_O, thr_copy_O.retile(rO), thr_copy_O.partition_D(sO))
+        if const_expr(self.store_out_s):
+            cute.copy(thr_copy_O, thr_copy_O.retile(rOs), thr_copy_O.partition_D(sK[None, None, g_slot]))
         cute.arch.fence_proxy("async.shared", space="cta")
         cute.arch.barrier()
         if warp_idx == 0:
             tOsO, tOgO = cpasync.tma_partition(tma_atom_O, 0, unit, cute.group_modes(sO, 0, 2),
                                                cute.group_modes(gO, 0, 2))
             cute.copy(tma_atom_O, tOsO, tOgO)
+            if const_expr(self.store_out_s):
+                gOs = cute.local_tile(mOs[None, None, h, b], (BLOCK, d), (qt, 0))
+                tSsS, tSgS = cpasync.tma_partition(tma_atom_Os, 0, unit, cute.group_modes(sK, 0, 2),
+                                                   cute.group_modes(gOs, 0, 2))
+                cute.copy(tma_atom_Os, tSsS[None, g_slot], tSgS)
             cute.arch.cp_async_bulk_commit_group()
             cute.arch.cp_async_bulk_wait_group(0, read=True)
 
