@@ -96,12 +96,14 @@ class Sm90Backend:
             return False, "the CuTe DSL is not installed (pip install 'fastvideo-cute[cute]')"
         return True, "ok"
 
-    def compile_keys(self, call: CallInfo, gated: bool = False) -> Dict[str, CompileKey]:
-        """``gated``: the fused-gate epilogue variant (``forward_gated``), another compiled kernel."""
+    def compile_keys(self, call: CallInfo, gated=False) -> Dict[str, CompileKey]:
+        """``gated``: True, the fused-gate epilogue variant (``forward_gated``); ``"train"``, the one
+        that also stores out_s (``forward_gated(out_s=)``): other compiled kernels."""
         from ..kernels.cute.block_sparse_fwd64 import SM90_REGISTRY_NAME
 
+        gate = "fused+out_s" if gated == "train" else ("fused" if gated else "none")
         detail = (("kernel", SM90_REGISTRY_NAME), ("tile", "64x64"), ("target", "sm_90a"),
-                  ("ragged", str(not call.kv_all_full)), ("gate", "fused" if gated else "none"))
+                  ("ragged", str(not call.kv_all_full)), ("gate", gate))
         return {"fwd": basic_key(self.name, call, "fwd", _BLOCK, detail)}
 
     def _run(self, q, k, v, sparsity, kv_block_sizes, block_size: int, bshd: bool, sm_scale: float,

@@ -82,8 +82,9 @@ def enumerate_plan(workloads: Sequence[Workload], target: Target, modes: Sequenc
                     unit.note = "CuTe falls back: " + ("; ".join(reasons) or "no CuTe backend is registered")
                 # Each direction's key from the backend that runs it (they may differ: the route table).
                 fwd_info = dataclasses.replace(info, need_grad=False)
-                if vsa_gated and not need_grad and getattr(fwd, "fuses_gate", False):
-                    unit.keys["fwd"] = fwd.compile_keys(fwd_info, gated=True)["fwd"]  # the fused-gate kernel
+                if vsa_gated and getattr(fwd, "fuses_gate", False):
+                    # the fused-gate kernel (training: the build that also stores out_s)
+                    unit.keys["fwd"] = fwd.compile_keys(fwd_info, gated="train" if need_grad else True)["fwd"]
                 else:
                     unit.keys["fwd"] = fwd.compile_keys(fwd_info)["fwd"]
                 if need_grad:

@@ -149,8 +149,8 @@ def test_plan_follows_the_shipped_route_table_per_direction(monkeypatch):
 def test_plan_gated_vsa_inference_on_sm90_compiles_the_fused_gate_kernel(clean_route_env):
     """video_sparse_attn's own rule (routes.select_vsa_routes) in the plan: gated inference at
     64-token blocks on sm_90 plans the sm90 forward's fused-gate variant (another compiled kernel
-    than the plain forward); ungated (--no-gate) it plans the route table's choice; training and
-    block_sparse_attn entries are unaffected."""
+    than the plain forward); gated training there the variant that also stores out_s; ungated
+    (--no-gate) it plans the route table's choice; block_sparse_attn entries are unaffected."""
     import dataclasses
     import importlib.util
 
@@ -167,9 +167,39 @@ def test_plan_gated_vsa_inference_on_sm90_compiles_the_fused_gate_kernel(clean_r
     unfused = by[(False, "vsa", "infer")].keys["fwd"]
     assert unfused.digest() != fused.keys["fwd"].digest()
     assert dict(unfused.detail).get("gate") in (None, "none")
+    # (no route table here: training does not run its forward on sm90, so no fused gate)
     for key in ((True, "vsa", "train"), (True, "bsa", "infer")):
         fwd_key = by[key].keys["fwd"]
         assert dict(fwd_key.detail).get("gate") in (None, "none"), (key, fwd_key)
+
+
+def test_plan_gated_vsa_training_with_the_table_compiles_the_out_s_build(monkeypatch):
+    """Gated training whose forward the shipped route table gives to sm90 (paired with cuDNN's
+    backward) plans the fused-gate build that also stores out_s: another kernel than the inference
+    one and than the plain forward."""
+    import dataclasses
+    import importlib.util
+
+    from fastvideo_cute import route_table
+    from fastvideo_cute.backends import BACKENDS
+
+    if importlib.util.find_spec("cutlass") is None:
+        pytest.skip("the sm90 backend's predicate needs the CuTe DSL")
+    if not route_table.DEFAULT_PATH.is_file():
+        pytest.skip("no route table shipped")
+    for name in ("FASTVIDEO_VSA_TRITON", "FASTVIDEO_VSA_CUTEDSL", "FASTVIDEO_VSA_BACKEND",
+                 "FASTVIDEO_VSA_ROUTE_TABLE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(BACKENDS["cudnn"], "support", lambda call: (call.head_dim == 128, "test"))
+    gated = Workload("m", 1, 12, 256, 128, 64, "bf16")
+    units = warmup.enumerate_plan([gated, dataclasses.replace(gated, gated=False)], Target("cuda", (9, 0), False),
+                                  ("infer", "train"), "auto", None)
+    by = {(u.workload.gated, u.mode): u for u in units}
+    train = by[(True, "train")]
+    assert train.route == "sm90|cudnn" and dict(train.keys["fwd"].detail)["gate"] == "fused+out_s", train
+    others = {by[(True, "infer")].keys["fwd"].digest(), by[(False, "train")].keys["fwd"].digest()}
+    assert train.keys["fwd"].digest() not in others and len(others) == 2
+    assert dict(by[(False, "train")].keys["fwd"].detail).get("gate") in (None, "none")
 
 
 def test_cli_no_gate_plans_ungated_vsa_workloads():
