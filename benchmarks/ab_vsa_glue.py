@@ -53,6 +53,8 @@ CONFIGS = {
     # a partial kv tile's K and V loaded as 16-key pieces (no padding rows through the L2): for the
     # Wan-14B A/B, where one head's K/V outgrow the L2
     "sm90-partial": {"backends.sm90_backend._FWD_VARIANT": {"partial_loads": True}},
+    # (--mode fwdbwd) the training forward with the gate pass instead of the fused gate + out_s
+    "no-train-gate": {"vsa_autograd._TRAIN_GATE_FUSED": False},
 }
 # Measured and dropped (benchmarks/results/ab_vsa_glue_h200_v1.json, glue_h200_v7.json): phase 1
 # walking head_dim in 32- or 64-lane chunks (a D loop with pipelined loads) gave the same kernel

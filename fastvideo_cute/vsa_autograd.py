@@ -70,6 +70,9 @@ def _dedupe(tensors):
 
 
 _N_INPUTS = 6  # q, k, v, gate, q_sizes, kv_sizes
+#: training calls with a gate take the fused-gate forward (with out_s) where the route's forward
+#: fuses the gate (benchmarks/ab_vsa_glue.py's ``no-train-gate`` turns it off for its A/B)
+_TRAIN_GATE_FUSED = True
 
 
 def _zeroes_padding(name: str) -> bool:
@@ -129,7 +132,7 @@ class _VideoSparseAttn(torch.autograd.Function):
             # Inference with the gate fused into the forward's epilogue (sm90): no gate pass.
             out = _op("_fwd_gated")(q, k_run, v_run, kv_sizes, block, bshd, sm_scale, route, range_checked,
                                     q2k_idx, q2k_num, gate, out_c)
-        elif gate is not None and _fuses_gate(route):
+        elif gate is not None and _TRAIN_GATE_FUSED and _fuses_gate(route):
             # Training, the gate fused the same way; the epilogue also stores out_s for the backward.
             out, out_s, lse_s = _op("_fwd_gated_train")(q, k_run, v_run, kv_sizes, block, bshd, sm_scale, route,
                                                         range_checked, q2k_idx, q2k_num, gate, out_c)
