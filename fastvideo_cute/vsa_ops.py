@@ -111,6 +111,13 @@ _GATE_CONFIG = {"num_warps": 8}
 _GATED_HEAD_GROUPS = 2
 _GATED_GROUP_MIN_TILES = 16384
 _GATED_GLUE_PRIORITY = 0  # the glue stream's priority (torch.cuda.Stream(priority=); < 0 is higher)
+# The coarse attention's backward (kernels/triton/vsa_coarse_bwd.py): the tiles of its two phases
+# (vsa_coarse_bwd's tiles=) and the precision of its four gradient products (grad_precision=; P is
+# recomputed from S = qc kc^T at _COARSE_PRECISION, as the forward computed it). Measured on the
+# H200 (benchmarks/results/glue_h200_v8.json, do_bench): phase a with two pipeline stages
+# 204 / 2914 us against the default tiles' 216 / 3014 us at Wan-1.3B / Wan-14B (both phases).
+_COARSE_BWD_TILES = {"a": (32, 32, None, 4, 2)}  # head_dim <= 128 (measured there); above: the defaults
+_COARSE_BWD_GRAD_PRECISION = None  # None: _COARSE_PRECISION
 
 
 def _coarse_precision(x: Tensor) -> str:
@@ -511,9 +518,13 @@ def _select_bwd_impl(dout: Tensor, qc: Tensor, kc: Tensor, vc: Tensor, kv_sizes:
         b, h, qb, _ = qc.shape
         scratch = torch.empty((2, b, h, qb, kc.shape[2]), dtype=torch.float32, device=qc.device)
         with _on(qc):
+            precision = _coarse_precision(qc)
+            grad_precision = _COARSE_BWD_GRAD_PRECISION if qc.is_cuda else None  # interpreter: "ieee"
             vsa_coarse_bwd(qc.contiguous(), kc.contiguous(), vc.contiguous(), kv_sizes, dout.contiguous(),
                            out_acc.contiguous(), lse.contiguous(), dqc, dkc, dvc, sm_scale=sm_scale,
-                           precision=_coarse_precision(qc), p_scratch=scratch[0], ds_scratch=scratch[1])
+                           precision=precision, p_scratch=scratch[0], ds_scratch=scratch[1],
+                           tiles=_COARSE_BWD_TILES if qc.shape[-1] <= 128 else None,
+                           grad_precision=grad_precision)
         return dqc, dkc, dvc
     dqc, dkc, dvc = _select_bwd_torch(dout, qc, kc, vc, kv_sizes, out_acc, lse, sm_scale)
     return dqc.contiguous(), dkc.contiguous(), dvc.contiguous()

@@ -34,8 +34,9 @@ Tiles: :func:`coarse_bwd_tiles` gives ``(BLOCK_Q, BLOCK_KV, BLOCK_D, num_warps)`
 head_dim (not tuned on a GPU yet); the helper's ``tiles=`` keyword overrides them for a sweep.
 
 Every output element (gradients and scratch) is written by one program, summed in a fixed order:
-deterministic, no atomics. fp32 throughout; every ``tl.dot`` uses ``input_precision=precision``
-(``"ieee"`` by default). Outputs are fp32 contiguous ``[B, H, n, D]``, written into
+deterministic, no atomics. fp32 throughout; ``S = qc kc^T`` (from which P is recomputed against the
+forward's LSE) uses ``input_precision=precision`` (``"ieee"`` by default), the four gradient
+products ``grad_precision`` (default: ``precision``). Outputs are fp32 contiguous ``[B, H, n, D]``, written into
 caller-allocated tensors on the current CUDA device. This module does not import torch.
 """
 
@@ -75,12 +76,12 @@ def _q_tile(QC, DO, O, LSE, bh, r0, Qb, D, offs_d, dmask, BLOCK_Q: tl.constexpr)
 
 
 @triton.jit
-def _p_ds(qc, do, delta, lse2, kc, vc, keep, sm_scale, PRECISION: tl.constexpr):
+def _p_ds(qc, do, delta, lse2, kc, vc, keep, sm_scale, PRECISION: tl.constexpr, GRAD_PRECISION: tl.constexpr):
     """One ``[BLOCK_Q, BLOCK_KV]`` tile of P (from the LSE; 0 where ``keep`` is false) and dS."""
     s = tl.dot(qc, tl.trans(kc), input_precision=PRECISION) * sm_scale
     p = tl.math.exp2(s * 1.4426950408889634 - lse2[:, None])
     p = tl.where(keep, p, 0.0)
-    dp = tl.dot(do, tl.trans(vc), input_precision=PRECISION)
+    dp = tl.dot(do, tl.trans(vc), input_precision=GRAD_PRECISION)
     ds = p * (dp - delta[:, None])
     return p, ds
 
@@ -107,6 +108,7 @@ def _coarse_bwd_q_kernel(
     BLOCK_KV: tl.constexpr,
     BLOCK_D: tl.constexpr,
     PRECISION: tl.constexpr,
+    GRAD_PRECISION: tl.constexpr,
 ):
     """Phase A: dqc of one q tile; p and ds of its rows into the scratch."""
     pid = tl.program_id(0)
@@ -119,12 +121,12 @@ def _coarse_bwd_q_kernel(
     for c0 in range(0, KVb, BLOCK_KV):
         kc, vc, present, cols, cmask, _, _ = _kv_tile(KC, VC, KV_SIZES, kv_base, c0, KVb, D, offs_d, dmask,
                                                       BLOCK_KV)
-        p, ds = _p_ds(qc, do, delta, lse2, kc, vc, present[None, :], sm_scale, PRECISION)
+        p, ds = _p_ds(qc, do, delta, lse2, kc, vc, present[None, :], sm_scale, PRECISION, GRAD_PRECISION)
         s_ptrs = q_rows[:, None] * KVb + cols[None, :]
         smask = rmask[:, None] & cmask[None, :]
         tl.store(PS + s_ptrs, p, mask=smask)
         tl.store(DSS + s_ptrs, ds, mask=smask)
-        dq = tl.dot(ds, kc, dq, input_precision=PRECISION)
+        dq = tl.dot(ds, kc, dq, input_precision=GRAD_PRECISION)
     tl.store(DQC + q_rows[:, None] * D + offs_d[None, :], dq * sm_scale, mask=rmask[:, None] & dmask[None, :])
 
 
@@ -136,7 +138,7 @@ def _coarse_bwd_kv_kernel(
     BLOCK_Q: tl.constexpr,
     BLOCK_KV: tl.constexpr,
     BLOCK_D: tl.constexpr,
-    PRECISION: tl.constexpr,
+    GRAD_PRECISION: tl.constexpr,
 ):
     """Phase B: dkc and dvc of one kv tile from the stored p / ds tiles (q chunks in order)."""
     pid = tl.program_id(0)
@@ -161,8 +163,8 @@ def _coarse_bwd_kv_kernel(
         smask = rmask[:, None] & cmask[None, :]
         p = tl.load(PS + s_ptrs, mask=smask, other=0.0)
         ds = tl.load(DSS + s_ptrs, mask=smask, other=0.0)
-        dv = tl.dot(tl.trans(p), do, dv, input_precision=PRECISION)
-        dk = tl.dot(tl.trans(ds), qc, dk, input_precision=PRECISION)
+        dv = tl.dot(tl.trans(p), do, dv, input_precision=GRAD_PRECISION)
+        dk = tl.dot(tl.trans(ds), qc, dk, input_precision=GRAD_PRECISION)
     kmask = cmask[:, None] & dmask[None, :]
     tl.store(DKC + kv_base + tile, dk * sm_scale, mask=kmask)
     tl.store(DVC + kv_base + tile, dv, mask=kmask)
@@ -177,6 +179,7 @@ def _vsa_coarse_bwd_kernel(
     BLOCK_KV: tl.constexpr,
     BLOCK_D: tl.constexpr,
     PRECISION: tl.constexpr,
+    GRAD_PRECISION: tl.constexpr,
 ):
     """The fused fallback (no scratch): q-side programs ``pid < NQT``, then kv-side programs."""
     pid = tl.program_id(0)
@@ -192,8 +195,8 @@ def _vsa_coarse_bwd_kernel(
             # distinct names: Triton types every loop-carried name once (a reused `_` broke the GPU build)
             kc, vc, present, _c0, _m0, _t0, _k0 = _kv_tile(KC, VC, KV_SIZES, kv_base, c0, KVb, D, offs_d, dmask,
                                                            BLOCK_KV)
-            p, ds = _p_ds(qc, do, delta, lse2, kc, vc, present[None, :], sm_scale, PRECISION)
-            dq = tl.dot(ds, kc, dq, input_precision=PRECISION)
+            p, ds = _p_ds(qc, do, delta, lse2, kc, vc, present[None, :], sm_scale, PRECISION, GRAD_PRECISION)
+            dq = tl.dot(ds, kc, dq, input_precision=GRAD_PRECISION)
         tl.store(DQC + q_rows[:, None] * D + offs_d[None, :], dq * sm_scale, mask=rmask[:, None] & dmask[None, :])
     else:
         kc, vc, present, _cols, _cmask, tile, kmask = _kv_tile(KC, VC, KV_SIZES, kv_base, (pid - NQT) * BLOCK_KV,
@@ -202,9 +205,10 @@ def _vsa_coarse_bwd_kernel(
         dv = tl.zeros([BLOCK_KV, BLOCK_D], dtype=tl.float32)
         for r0 in range(0, Qb, BLOCK_Q):
             qc, do, delta, lse2, rmask, _rows = _q_tile(QC, DO, O, LSE, bh, r0, Qb, D, offs_d, dmask, BLOCK_Q)
-            p, ds = _p_ds(qc, do, delta, lse2, kc, vc, rmask[:, None] & present[None, :], sm_scale, PRECISION)
-            dv = tl.dot(tl.trans(p), do, dv, input_precision=PRECISION)
-            dk = tl.dot(tl.trans(ds), qc, dk, input_precision=PRECISION)
+            p, ds = _p_ds(qc, do, delta, lse2, kc, vc, rmask[:, None] & present[None, :], sm_scale, PRECISION,
+                          GRAD_PRECISION)
+            dv = tl.dot(tl.trans(p), do, dv, input_precision=GRAD_PRECISION)
+            dk = tl.dot(tl.trans(ds), qc, dk, input_precision=GRAD_PRECISION)
         tl.store(DKC + kv_base + tile, dk * sm_scale, mask=kmask)
         tl.store(DVC + kv_base + tile, dv, mask=kmask)
 
@@ -289,11 +293,14 @@ def _check_scratch(name: str, x, shape) -> None:
 
 
 def vsa_coarse_bwd(qc, kc, vc, kv_sizes, dout, out32, lse, dqc, dkc, dvc, *, sm_scale: float,
-                   precision: str = "ieee", p_scratch=None, ds_scratch=None, tiles=None) -> None:
+                   precision: str = "ieee", p_scratch=None, ds_scratch=None, tiles=None,
+                   grad_precision=None) -> None:
     """Gradients of the coarse attention into caller-allocated fp32 ``dqc``/``dkc``/``dvc``
     (contiguous, the shapes of ``qc``/``kc``/``vc``). ``dout``: contiguous ``[B,H,Qb,D]``, any float
     dtype; ``out32``: the forward's fp32 ``out_c``; ``lse``: its fp32 ``[B,H,Qb]`` natural-log LSE.
-    ``precision``: one of ``vsa_select.COARSE_PRECISIONS`` (the forward's, to recompute its P).
+    ``precision``: one of ``vsa_select.COARSE_PRECISIONS`` (the forward's, to recompute its P:
+    ``S = qc kc^T``). ``grad_precision``: the same choice for the four gradient products (``dP =
+    dout vc^T``, ``dqc``, ``dkc``, ``dvc``); None: ``precision``.
 
     ``p_scratch``, ``ds_scratch``: fp32 contiguous ``[B,H,Qb,KVb]``, two distinct tensors, both or
     neither. Given: the two-phase backward, which overwrites them with P and dS (their contents
@@ -303,6 +310,8 @@ def vsa_coarse_bwd(qc, kc, vc, kv_sizes, dout, out32, lse, dqc, dkc, dvc, *, sm_
     ``tiles``: overrides of :func:`coarse_bwd_tiles` per phase (see ``_phase_config``), e.g.
     ``{"a": (16, 32, None, 4), "b": {"BLOCK_Q": 64, "num_stages": 2}}``."""
     assert precision in COARSE_PRECISIONS, f"precision {precision!r}"
+    grad_precision = precision if grad_precision is None else grad_precision
+    assert grad_precision in COARSE_PRECISIONS, f"grad_precision {grad_precision!r}"
     B, H, Qb, D = qc.shape
     KVb = kc.shape[2]
     for name, x, shape in (("qc", qc, (B, H, Qb, D)), ("kc", kc, (B, H, KVb, D)), ("vc", vc, (B, H, KVb, D)),
@@ -329,7 +338,7 @@ def vsa_coarse_bwd(qc, kc, vc, kv_sizes, dout, out32, lse, dqc, dkc, dvc, *, sm_
             qc, kc, vc, kv_sizes, dout, out32, lse, dqc, dkc, dvc,
             Qb, KVb, D, nqt,
             sm_scale,
-            PRECISION=precision, **_launch_opts(cfg),
+            PRECISION=precision, GRAD_PRECISION=grad_precision, **_launch_opts(cfg),
         )
         return
     cfg_a, cfg_b = _phase_config(tiles, "a", D), _phase_config(tiles, "b", D)
@@ -338,12 +347,12 @@ def vsa_coarse_bwd(qc, kc, vc, kv_sizes, dout, out32, lse, dqc, dkc, dvc, *, sm_
             qc, kc, vc, kv_sizes, dout, out32, lse, dqc, p_scratch, ds_scratch,
             Qb, KVb, D,
             sm_scale,
-            PRECISION=precision, **_launch_opts(cfg_a),
+            PRECISION=precision, GRAD_PRECISION=grad_precision, **_launch_opts(cfg_a),
         )
     if KVb:  # with Qb == 0 this writes dkc = dvc = 0
         _coarse_bwd_kv_kernel[(triton.cdiv(KVb, cfg_b["BLOCK_KV"]), bh)](
             qc, dout, p_scratch, ds_scratch, dkc, dvc,
             Qb, KVb, D,
             sm_scale,
-            PRECISION=precision, **_launch_opts(cfg_b),
+            GRAD_PRECISION=grad_precision, **_launch_opts(cfg_b),
         )

@@ -64,10 +64,15 @@ def _cases():
             for phase, kernel in (("a", CB._coarse_bwd_q_kernel), ("b", CB._coarse_bwd_kv_kernel),
                                   ("fused", CB._vsa_coarse_bwd_kernel)):
                 tiles, warps = _tiles(CB.coarse_bwd_tiles(phase, d))
-                yield f"bwd-{phase}-d{d}-{prec}", kernel, dict(tiles, PRECISION=prec), warps
+                precs = dict(GRAD_PRECISION=prec) if phase == "b" else dict(PRECISION=prec, GRAD_PRECISION=prec)
+                yield f"bwd-{phase}-d{d}-{prec}", kernel, dict(tiles, **precs), warps
             tiles, warps = _tiles(S.coarse_fwd_tiles(d))
             yield (f"fwd-d{d}-{prec}", S._vsa_coarse_fwd_kernel,
                    dict(tiles, WRITE_SCORES=True, WRITE_OUT32=True, PRECISION=prec, SPLITS=1), warps)
+    for phase, kernel in (("a", CB._coarse_bwd_q_kernel), ("b", CB._coarse_bwd_kv_kernel)):  # tf32 gradients
+        tiles, warps = _tiles(CB.coarse_bwd_tiles(phase, 128))
+        precs = dict(GRAD_PRECISION="tf32") if phase == "b" else dict(PRECISION="tf32x3", GRAD_PRECISION="tf32")
+        yield f"bwd-{phase}-d128-gtf32", kernel, dict(tiles, **precs), warps
     yield "topk-2048", S._vsa_topk_kernel, dict(BLOCK_KV=2048, TAKE_ALL=False), 1
     # the tuning variants the glue benchmark sweeps (benchmarks/bench_glue.py)
     main, tail = S.topk_chunks(624)

@@ -464,6 +464,7 @@ def _bwd_args(qb=5, kvb=6, d=32):
     (dict(tiles={"a": {"block_q": 16}}), "unknown key"),
     (dict(tiles=((16, 16, None, 3), None)), "num_warps"),
     (dict(tiles=((16, 16, None, 4),)), "cfg_a, cfg_b"),
+    (dict(grad_precision="bf16"), "grad_precision"),
 ])
 def test_coarse_backward_bad_arguments(kw, match):
     args = _bwd_args()
@@ -536,3 +537,35 @@ def test_gpu_topk_variants_equal_search32(variant):
         vsa_topk(rows, *want, topk=topk)
         vsa_topk(rows, *got, topk=topk, variant=variant)
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), cols
+
+
+@pytest.mark.gpu
+def test_gpu_coarse_backward_as_the_library_runs_it():
+    """The coarse backward with the library's configuration (``vsa_ops._COARSE_BWD_TILES``,
+    ``_COARSE_BWD_GRAD_PRECISION``, S at ``_COARSE_PRECISION``) on Wan-1.3B 480p-sized rows (H=12,
+    624 q and kv blocks, some kv blocks empty, bf16 dout) against fp64 autograd of the reference:
+    max |err| / max |ref| <= 2^-9 per gradient (half a bf16 ulp: the coarse gradients' error stays
+    below the rounding of the bf16 gradients they are added into; TF32 products keep ~2^-11 of each)."""
+    from fastvideo_cute import vsa_ops
+
+    g = torch.Generator(device="cuda").manual_seed(4)
+    h, n, d = 12, 624, 128
+    qc, kc, vc = (torch.randn(1, h, n, d, device="cuda", generator=g) for _ in range(3))
+    sizes = torch.randint(1, 65, (n,), device="cuda", generator=g, dtype=torch.int32)
+    sizes[::40] = 0
+    out = torch.empty(1, h, n, d, device="cuda", dtype=torch.bfloat16)
+    out32, lse = torch.empty(1, h, n, d, device="cuda"), torch.empty(1, h, n, device="cuda")
+    idx = torch.empty(1, h, n, 78, dtype=torch.int32, device="cuda")
+    num = torch.empty(1, h, n, dtype=torch.int32, device="cuda")
+    scores = torch.empty(1, h, n, n, device="cuda")
+    vsa_select_fwd(qc, kc, vc, sizes, out, out32, lse, idx, num, scores, topk=78, sm_scale=d ** -0.5,
+                   precision=vsa_ops._COARSE_PRECISION)
+    dout = torch.randn(1, h, n, d, device="cuda", generator=g).to(torch.bfloat16)
+    got = vsa_ops._select_bwd_impl(dout, qc, kc, vc, sizes, out32, lse, d ** -0.5)
+    leaves = [x.double().requires_grad_(True) for x in (qc, kc, vc)]
+    ref_out = coarse_attention_reference(*leaves, sizes)[0]
+    want = torch.autograd.grad(ref_out, leaves, dout.double())
+    for name, a, b in zip(("dqc", "dkc", "dvc"), got, want):
+        rel = ((a.double() - b).abs().max() / b.abs().max()).item()
+        print(f"\n[coarse bwd {vsa_ops._COARSE_BWD_GRAD_PRECISION or vsa_ops._COARSE_PRECISION}] {name} {rel:.2e}")
+        assert rel <= 2.0 ** -9, (name, rel)
