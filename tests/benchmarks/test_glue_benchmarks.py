@@ -37,11 +37,28 @@ def test_ab_configs_set_existing_vsa_ops_settings(ab):
 
                 sm90_kernel_class()("bfloat16", 128, **value)
                 continue
+            if "." in attr:  # "module.attr" under fastvideo_cute
+                import importlib
+
+                mod, _, leaf = attr.rpartition(".")
+                module = importlib.import_module("fastvideo_cute." + mod)
+                assert hasattr(module, leaf), (name, attr)
+                assert isinstance(value, type(getattr(module, leaf))), (name, attr)
+                continue
             assert hasattr(vsa_ops, attr), (name, attr)
             if attr == "_COARSE_PHASE_TILES":
                 resolve_fwd2_tiles(value, 128)  # raises on a tile the kernel does not take
             elif attr == "_COARSE_VARIANT":
                 assert value in ("onepass", "twophase")
+            elif attr == "_COARSE_BWD_TILES":  # None (the kernel's defaults) or per-phase tiles it takes
+                from fastvideo_cute.kernels.triton.vsa_coarse_bwd import _phase_config
+
+                for phase in ("a", "b"):
+                    _phase_config(value, phase, 128)
+            elif attr == "_COARSE_BWD_GRAD_PRECISION":
+                from fastvideo_cute.kernels.triton.vsa_select import COARSE_PRECISIONS
+
+                assert value is None or value in COARSE_PRECISIONS, (name, value)
             else:
                 assert isinstance(value, type(getattr(vsa_ops, attr))), (name, attr)
 

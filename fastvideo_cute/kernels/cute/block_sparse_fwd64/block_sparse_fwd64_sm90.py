@@ -57,8 +57,9 @@ specialisation; the latency is hidden by three CTAs per SM, ``min_blocks_per_mp=
     select; V's are never reached by the P V steps), with the q2k list read two entries ahead so
     each tile's size is known before its loads. Its first build (2026-12-02) was exact and 4-5 %
     slower at 32K tokens and on the Wan-1.3B grid, where the kernel is bound by its instruction
-    chain; it is back for Wan-14B 720p, where one head's K/V (46 MB, 18 % of it padding rows)
-    outgrow the L2. Compile-verified only on this tree (not yet run on a GPU);
+    chain; re-written for Wan-14B 720p, where one head's K/V (46 MB, 18 % of it padding rows)
+    outgrow the L2, it is exact on the H200 and no faster there either (40.59 vs 40.63 ms end to
+    end, ``benchmarks/results/ab_vsa_glue_h200_partial_14b.json``), so it stays off;
   - the pipeline is a configuration too (``k_stages`` 1-3 K slots, ``v_stages`` 2-3 V slots,
     ``ctas_per_sm``, ``stmatrix_epilogue``): with ``k_stages`` slots K[j + k_stages] is issued once
     S[j] retires, with three V slots V[j + 1] is issued at step j. The default (one K slot, two V
