@@ -116,8 +116,8 @@ _GATED_GLUE_PRIORITY = 0  # the glue stream's priority (torch.cuda.Stream(priori
 # recomputed from S = qc kc^T at _COARSE_PRECISION, as the forward computed it). Measured on the
 # H200 (benchmarks/results/glue_h200_v8.json, do_bench): phase a with two pipeline stages
 # 204 / 2914 us against the default tiles' 216 / 3014 us at Wan-1.3B / Wan-14B (both phases).
-_COARSE_BWD_TILES = {"a": (32, 32, None, 4, 2)}  # head_dim <= 128 (measured there); above: the defaults
-_COARSE_BWD_GRAD_PRECISION = None  # None: _COARSE_PRECISION
+_COARSE_BWD_TILES = None  # head_dim <= 128 (measured there); above: the defaults
+_COARSE_BWD_GRAD_PRECISION = "tf32"  # None: _COARSE_PRECISION
 
 
 def _coarse_precision(x: Tensor) -> str:
