@@ -55,9 +55,10 @@ CONFIGS = {
     "sm90-partial": {"backends.sm90_backend._FWD_VARIANT": {"partial_loads": True}},
     # (--mode fwdbwd) the training forward with the gate pass instead of the fused gate + out_s
     "no-train-gate": {"vsa_autograd._TRAIN_GATE_FUSED": False},
-    # (--mode fwdbwd) the coarse attention's backward: its former tiles; its gradient products in TF32
-    "cbwd-old-tiles": {"_COARSE_BWD_TILES": None},
-    "cbwd-gtf32": {"_COARSE_BWD_GRAD_PRECISION": "tf32"},
+    # (--mode fwdbwd) the coarse attention's backward with its gradient products in tf32x3 (before
+    # 2026-12-03: TF32 since; "cbwd-old-tiles" of ab_vsa_glue_h200_train_13b.json set the tiles to
+    # None, which the default is now too)
+    "cbwd-tf32x3": {"_COARSE_BWD_GRAD_PRECISION": None},
 }
 # Measured and dropped (benchmarks/results/ab_vsa_glue_h200_v1.json, glue_h200_v7.json): phase 1
 # walking head_dim in 32- or 64-lane chunks (a D loop with pipelined loads) gave the same kernel

@@ -51,8 +51,8 @@ __all__ = ["vsa_compress", "vsa_compress_backward_", "vsa_select", "vsa_gate"]
 _KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _IN_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _HAS_TRITON: Optional[bool] = None
-# tl.dot input_precision of the coarse attention kernels on a GPU, forward and backward alike:
-# "tf32x3" (three TF32 tensor-core products, ~fp32 accuracy: the GPU tests compare the selection
+# tl.dot input_precision of the coarse attention kernels on a GPU (the forward, and S in the
+# backward; the backward's gradient products: _COARSE_BWD_GRAD_PRECISION below): "tf32x3" (three TF32 tensor-core products, ~fp32 accuracy: the GPU tests compare the selection
 # with the fp32 reference at Wan-14B 720p size) measured 1.1x faster end to end than plain fp32
 # "ieee" on the H200 (benchmarks/results/vsa_e2e_h200_tf32x3.json vs vsa_e2e_h200.json); the
 # interpreter (CPU tensors) runs "ieee".
@@ -112,11 +112,15 @@ _GATED_HEAD_GROUPS = 2
 _GATED_GROUP_MIN_TILES = 16384
 _GATED_GLUE_PRIORITY = 0  # the glue stream's priority (torch.cuda.Stream(priority=); < 0 is higher)
 # The coarse attention's backward (kernels/triton/vsa_coarse_bwd.py): the tiles of its two phases
-# (vsa_coarse_bwd's tiles=) and the precision of its four gradient products (grad_precision=; P is
-# recomputed from S = qc kc^T at _COARSE_PRECISION, as the forward computed it). Measured on the
-# H200 (benchmarks/results/glue_h200_v8.json, do_bench): phase a with two pipeline stages
-# 204 / 2914 us against the default tiles' 216 / 3014 us at Wan-1.3B / Wan-14B (both phases).
-_COARSE_BWD_TILES = None  # head_dim <= 128 (measured there); above: the defaults
+# (vsa_coarse_bwd's tiles=; None: coarse_bwd_tiles' defaults) and the precision of its four gradient
+# products (grad_precision=; P is recomputed from S = qc kc^T at _COARSE_PRECISION, as the forward
+# computed it). Measured on the H200, Wan-1.3B 480p, both phases (do_bench): tf32x3 throughout
+# 217 us with the default tiles, 205 us with phase a at two stages (glue_h200_v8.json, _v9.json);
+# TF32 gradient products with the default tiles 128 / 135 us at 87.5 / 90 % (_v9.json, the fastest
+# of ten tilings), max |err| / max |ref| 1.0e-3 / 9.9e-4 / 4.4e-4 for dqc / dkc / dvc against fp32
+# products, within the 2^-9 (half a bf16 ulp) bound the GPU test checks against fp64 autograd
+# (tests/kernels/triton/test_vsa_select_triton.py::test_gpu_coarse_backward_as_the_library_runs_it).
+_COARSE_BWD_TILES = None  # per-phase tiles for head_dim <= 128 (above: always the defaults)
 _COARSE_BWD_GRAD_PRECISION = "tf32"  # None: _COARSE_PRECISION
 
 

@@ -31,7 +31,7 @@ passes none, the helper runs the one-launch **fused** kernel ``_vsa_coarse_bwd_k
 the stores, kv-side programs recomputing ``S``/``P``/``dP`` per q chunk): slower, no scratch.
 
 Tiles: :func:`coarse_bwd_tiles` gives ``(BLOCK_Q, BLOCK_KV, BLOCK_D, num_warps)`` per phase and
-head_dim (not tuned on a GPU yet); the helper's ``tiles=`` keyword overrides them for a sweep.
+head_dim (swept on the H200 at head_dim 128); the helper's ``tiles=`` keyword overrides them.
 
 Every output element (gradients and scratch) is written by one program, summed in a fixed order:
 deterministic, no atomics. fp32 throughout; ``S = qc kc^T`` (from which P is recomputed against the
@@ -215,8 +215,10 @@ def _vsa_coarse_bwd_kernel(
 
 def coarse_bwd_tiles(phase: str, head_dim: int) -> Tuple[int, int, int, int]:
     """Default ``(BLOCK_Q, BLOCK_KV, BLOCK_D, num_warps)`` of one backward phase (``"a"``, ``"b"``
-    or ``"fused"``) at ``head_dim``. Not tuned on a GPU yet (the ``tiles=`` keyword of
-    :func:`vsa_coarse_bwd` is there for the sweep).
+    or ``"fused"``) at ``head_dim``. Swept on the H200 at head_dim 128 (``benchmarks/bench_glue.py
+    --kernels coarsebwd``, ``benchmarks/results/glue_h200_v8.json`` / ``_v9.json``): with TF32
+    gradient products these defaults were the fastest of ten tilings; with tf32x3 throughout phase
+    a gained 6 % from two pipeline stages (the ``tiles=`` keyword of :func:`vsa_coarse_bwd`).
 
     - ``"a"``: the forward's work plus one dot, so the forward's shape class: 32x32, 4 warps up
       to head_dim 128 (Wan-1.3B 480p: 20 x 12 = 240 programs on 132 SMs); 16x16 at 256 (qc,
