@@ -53,3 +53,21 @@ def test_round_ratios_compare_within_each_round(explore):
     ratios = explore.round_ratios(all_ms, "cudnn")
     assert ratios["cudnn"] == 1.0
     assert ratios["ours"] == pytest.approx(1.1)
+
+
+@pytest.mark.parametrize("fraction", [1.0, 0.5, 0.25])
+def test_kv_working_set_lists_are_valid_q2k_lists_within_their_range(fraction):
+    """explore_kv_working_set's lists: k ascending distinct tiles per row, all below the range it
+    reports, counts k; the full range uses every kv tile somewhere."""
+    import torch
+
+    spec = importlib.util.spec_from_file_location("kv_ws_under_test", ROOT / "benchmarks" / "explore_kv_working_set.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    gen = torch.Generator().manual_seed(0)
+    idx, num, span = mod.lists(1, 3, 40, 40, 5, fraction, gen, device="cpu")
+    assert span == round(40 * fraction) and idx.shape == (1, 3, 40, 5) and idx.dtype == torch.int32
+    assert (num == 5).all()
+    assert (idx[..., 1:] > idx[..., :-1]).all() and idx.min() >= 0 and idx.max() < span
+    if fraction == 1.0:
+        assert idx.unique().numel() == 40
