@@ -53,6 +53,10 @@ CONFIGS = {
     # a partial kv tile's K and V loaded as 16-key pieces (no padding rows through the L2): for the
     # Wan-14B A/B, where one head's K/V outgrow the L2
     "sm90-partial": {"backends.sm90_backend._FWD_VARIANT": {"partial_loads": True}},
+    # the forward split by kv range (sm90_fwd64's kv_splits; the default "auto" splits in two where
+    # one head's K/V outgrow 3/4 of the L2): forced off / to two ranges
+    "sm90-kv1": {"backends.sm90_backend._KV_SPLITS": 1},
+    "sm90-kv2": {"backends.sm90_backend._KV_SPLITS": 2},
     # (--mode fwdbwd) the training forward with the gate pass instead of the fused gate + out_s
     "no-train-gate": {"vsa_autograd._TRAIN_GATE_FUSED": False},
     # (--mode fwdbwd) the coarse attention's backward with its gradient products in tf32x3 (before

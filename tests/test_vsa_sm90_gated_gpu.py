@@ -283,3 +283,30 @@ def test_head_groups_under_cuda_graph_capture_and_compile(monkeypatch, bshd):
     with torch.no_grad():
         compiled = torch.compile(lambda *xs: _call(xs, sizes, bshd), fullgraph=True)(*new)
     assert torch.equal(compiled, eager)
+
+
+@pytest.mark.parametrize("bshd", [False, True], ids=["bhsd", "bshd"])
+def test_kv_split_forward_through_video_sparse_attn(monkeypatch, bshd):
+    """The sm90 forward split in two kv ranges (forced: ``sm90_backend._KV_SPLITS = 2``; "auto" splits
+    only where one head's K/V outgrow the L2) through video_sparse_attn, inference with the fused gate
+    and training with out_s: output (and gradients) against the fp32 reference and against the
+    unsplit call (OUT_TOL: the earlier range's output is rounded once more before the merge)."""
+    from fastvideo_cute.backends import sm90_backend
+
+    tensors, sizes = _case(bshd, seed=11)
+    runs = {}
+    for splits in (1, 2):
+        monkeypatch.setattr(sm90_backend, "_KV_SPLITS", splits)
+        with torch.no_grad():
+            inf = _call(tensors, sizes, bshd)
+        leaves = [x.detach().clone().requires_grad_(True) for x in tensors]
+        out = _call(leaves, sizes, bshd)
+        grads = torch.autograd.grad(out, leaves, torch.ones_like(out))
+        runs[splits] = (inf, out.detach(), grads)
+    ref = _reference(tensors, sizes, bshd)
+    for splits, (inf, out, grads) in runs.items():
+        assert _nerr(inf, ref) < OUT_TOL and _nerr(out, ref) < OUT_TOL, splits
+        assert all(torch.isfinite(g).all() for g in grads)
+    assert _nerr(runs[2][0], runs[1][0]) < OUT_TOL and _nerr(runs[2][1], runs[1][1]) < OUT_TOL
+    for a, b in zip(runs[2][2], runs[1][2]):
+        assert _nerr(a, b) < GRAD_TOL

@@ -24,14 +24,15 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
 from ..jit import compile_kernel
 from .kernel_layout import permutations
 
-__all__ = ["sm90_fwd64_problems", "sm90_fwd64", "tma_problem", "HEAD_DIMS", "DTYPES"]
+__all__ = ["sm90_fwd64_problems", "sm90_fwd64", "tma_problem", "split_lists_by_kv_range", "auto_kv_splits",
+           "HEAD_DIMS", "DTYPES"]
 
 CAPABILITY = (9, 0)
 BLOCK = 64
@@ -106,7 +107,8 @@ def sm90_fwd64(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q2k_idx: torch
                out_c: Optional[torch.Tensor] = None,
                variant: Optional[Dict[str, Any]] = None,
                out: Optional[torch.Tensor] = None,
-               out_s: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+               out_s: Optional[torch.Tensor] = None,
+               kv_splits: int = 1) -> Tuple[torch.Tensor, torch.Tensor]:
     """Our sm_90a 64-token forward: ``(out, lse)`` (module docstring). The call must pass
     :func:`sm90_fwd64_problems`; the lists are int32 and contiguous.
 
@@ -126,7 +128,15 @@ def sm90_fwd64(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q2k_idx: torch
     ``out_s`` (with ``gate``; the training forward, whose backward needs the sparse branch's own
     output): a tensor like ``out`` that also receives ``out_s`` (the kernel's ``store_out_s``: the
     same bits as the call without the gate returns), so the gate composition needs no pass of its
-    own in training either."""
+    own in training either.
+
+    ``kv_splits`` (>= 1; the lists must be ascending, as the library's are): the kv tiles in that
+    many ranges, one launch per range, each over the entries of every list in its range: all heads'
+    first range, then the second, so the K/V that the resident CTAs of one head touch is one
+    range's (one head's K/V past ~3/4 of the L2 slows the kernel: ``auto_kv_splits``). The first
+    launch writes its output and LSE as usual (into ``out_s`` when given, else ``out``); each later
+    one merges its own with them by the LSEs in its epilogue (the kernel's ``merge_prev``), the last
+    one also composing the gate. The earlier ranges' output passes through bf16 once per range."""
     if (gate is None) != (out_c is None):
         raise ValueError("gate and out_c are given together or not at all")
     if out_s is not None and gate is None:
@@ -140,19 +150,79 @@ def sm90_fwd64(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q2k_idx: torch
         problem = tma_problem(name, t)
         if problem is not None:
             raise ValueError(f"sm90_fwd64: {problem}")
+    if not isinstance(kv_splits, int) or kv_splits < 1:
+        raise ValueError(f"sm90_fwd64: kv_splits must be an int >= 1, got {kv_splits!r}")
     d = q.shape[3]
     variant = dict(variant or {})
-    if out_s is not None:
-        variant["store_out_s"] = True
-    fn = _kernel_fn(q.dtype, d, block_sizes is not None, gate is not None, tuple(sorted(variant.items())))
     if out is None:
         out = torch.empty_like(q, memory_format=torch.contiguous_format)
     b, h, sq, qko, vp = permutations(q.shape, bshd)  # -> (S, D, H, B) / (D, S, H, B)
     lse = torch.empty((b, h, sq), dtype=torch.float32, device=q.device)
     scale = 1.0 / math.sqrt(d) if softmax_scale is None else float(softmax_scale)
-    g = None if gate is None else gate.permute(qko)
-    oc = None if out_c is None else out_c.permute(3, 2, 1, 0)  # [B, H, Qb, D] -> (D, Qb, H, B)
-    os_ = None if out_s is None else out_s.permute(qko)
-    fn(q.permute(qko), k.permute(qko), v.permute(vp), out.permute(qko), lse.permute(2, 1, 0),
-       q2k_idx.permute(3, 2, 1, 0), q2k_num.permute(2, 1, 0), block_sizes, g, oc, os_, scale)
+    qk = (q.permute(qko), k.permute(qko), v.permute(vp))
+    kvb = -(-(k.shape[1] if bshd else k.shape[2]) // BLOCK)
+    parts = split_lists_by_kv_range(q2k_idx, q2k_num, kvb, kv_splits)
+    running = out_s if out_s is not None else out  # where the earlier ranges' output waits
+    for i, (idx, num) in enumerate(parts):
+        last, first = i == len(parts) - 1, i == 0
+        var = dict(variant, **({"store_out_s": True} if last and out_s is not None else {}),
+                   **({} if first else {"merge_prev": True}))
+        gated = last and gate is not None
+        fn = _kernel_fn(q.dtype, d, block_sizes is not None, gated, tuple(sorted(var.items())))
+        dst = out if last else running
+        fn(*qk, dst.permute(qko), lse.permute(2, 1, 0), idx.permute(3, 2, 1, 0), num.permute(2, 1, 0), block_sizes,
+           gate.permute(qko) if gated else None, out_c.permute(3, 2, 1, 0) if gated else None,
+           out_s.permute(qko) if last and out_s is not None else None,
+           None if first else running.permute(qko), scale)
     return out, lse
+
+
+def split_lists_by_kv_range(q2k_idx: torch.Tensor, q2k_num: torch.Tensor, kvb: int,
+                            splits: int) -> List[Tuple[torch.Tensor, torch.Tensor]]:
+    """The q2k lists (ascending; int32 ``[B, H, Qb, W]`` and counts ``[B, H, Qb]``) cut into
+    ``splits`` lists by kv range: range ``s`` is tiles ``[ceil(s * kvb / splits), ceil((s + 1) *
+    kvb / splits))``; list ``s`` holds each row's entries in it, in order, from its first slot
+    (``(idx, num)`` like the input's; ``splits == 1``: the input itself)."""
+    if splits == 1:
+        return [(q2k_idx, q2k_num)]
+    w = q2k_idx.shape[-1]
+    slots = torch.arange(w, device=q2k_idx.device, dtype=torch.int32)
+    num = q2k_num.clamp(0, w)
+    valid = slots < num[..., None]
+    cuts = [torch.zeros_like(num)]
+    for s in range(1, splits):
+        bound = -(-s * kvb // splits)
+        cuts.append((valid & (q2k_idx < bound)).sum(-1, dtype=torch.int32))
+    cuts.append(num)
+    out = []
+    for s in range(splits):
+        start = cuts[s]
+        idx = q2k_idx if s == 0 else q2k_idx.gather(-1, (slots + start[..., None]).clamp(max=w - 1).long())
+        out.append((idx.contiguous(), (cuts[s + 1] - start).to(torch.int32).contiguous()))
+    return out
+
+
+#: one head's K/V past this share of the L2 is split (the H200, benchmarks/results/kv_working_set_h200.json:
+#: 45 MB of K/V per head ran 1.09x faster over half the kv range, 32 MB 1.02x)
+KV_SPLIT_L2_SHARE = 0.75
+
+
+def auto_kv_splits(device: torch.device, q_len: int, kv_len: int, head_dim: int, elem_size: int,
+                   lists_width: int) -> int:
+    """2 when one head's K/V (``kv_len`` x ``head_dim`` x 2 tensors) exceed ``KV_SPLIT_L2_SHARE`` of
+    the device's L2, each head has at least three waves of query tiles (three CTAs per SM; fewer
+    would put several heads in one wave, a footprint this rule does not model) and the lists are
+    at least 32 wide; else 1."""
+    if device.type != "cuda" or lists_width < 32:
+        return 1
+    l2, sms = _props(device.index if device.index is not None else torch.cuda.current_device())
+    kv_bytes = 2 * kv_len * head_dim * elem_size
+    if l2 <= 0 or q_len // BLOCK < 3 * sms or kv_bytes <= KV_SPLIT_L2_SHARE * l2:
+        return 1
+    return 2
+
+
+@functools.lru_cache(maxsize=None)
+def _props(device_index: int) -> Tuple[int, int]:
+    p = torch.cuda.get_device_properties(device_index)
+    return int(getattr(p, "L2_cache_size", 0)), int(p.multi_processor_count)

@@ -45,6 +45,9 @@ _BLOCK = 64
 # backend compiles; None is the kernel's default. A setting for A/B runs (benchmarks/ab_vsa_glue.py
 # ``sm90-q64`` etc.), not an API: the warm-up compiles the default.
 _FWD_VARIANT = None
+# kv ranges of the forward (sm90_fwd64's kv_splits): "auto" (adapters.cute_sm90_fwd64.auto_kv_splits:
+# 2 where one head's K/V outgrow 3/4 of the L2) or an int (benchmarks/ab_vsa_glue.py sets 1 / 2)
+_KV_SPLITS = "auto"
 _BLOCKS = (64, 128, 256)  # 128/256 run as the 64-token tiles that cover them (split_q2k)
 _DTYPES = (torch.float16, torch.bfloat16)
 _GRID_MAX = 65535  # gridDim.y (heads) and gridDim.z (batch): the launch grid is (Qb, H, B)
@@ -109,7 +112,7 @@ class Sm90Backend:
     def _run(self, q, k, v, sparsity, kv_block_sizes, block_size: int, bshd: bool, sm_scale: float,
              gate: Optional[torch.Tensor] = None, out_c: Optional[torch.Tensor] = None,
              out: Optional[torch.Tensor] = None, out_s: Optional[torch.Tensor] = None):
-        from ..adapters.cute_sm90_fwd64 import sm90_fwd64, sm90_fwd64_problems
+        from ..adapters.cute_sm90_fwd64 import auto_kv_splits, sm90_fwd64, sm90_fwd64_problems
 
         if block_size not in _BLOCKS:
             raise RuntimeError(f"sm90 backend: block_size one of {_BLOCKS}, got {block_size}")
@@ -131,8 +134,12 @@ class Sm90Backend:
             q2k_idx, q2k_num, sizes = split_q2k(q2k_idx, q2k_num, sizes, ratio, kv_len)
             if out_c is not None:  # one out_c row per 64-row tile
                 out_c = out_c.repeat_interleave(ratio, dim=2)
+        splits = _KV_SPLITS
+        if splits == "auto":
+            q_len, kv_len = (q.shape[1], k.shape[1]) if bshd else (q.shape[2], k.shape[2])
+            splits = auto_kv_splits(q.device, q_len, kv_len, q.shape[3], q.element_size(), q2k_idx.shape[-1])
         return sm90_fwd64(q, k, v, q2k_idx, q2k_num, sizes, bshd=bshd, softmax_scale=sm_scale, gate=gate,
-                          out_c=out_c, out=out, out_s=out_s, variant=_FWD_VARIANT)
+                          out_c=out_c, out=out, out_s=out_s, variant=_FWD_VARIANT, kv_splits=splits)
 
     def forward(self, q, k, v, sparsity, kv_block_sizes, *, block_size: int, bshd: bool, need_backward: bool,
                 sm_scale: float, kv_padding_zero: bool = False):

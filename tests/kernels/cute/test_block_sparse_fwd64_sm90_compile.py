@@ -87,7 +87,7 @@ def test_bad_configuration_is_refused():
     assert cls("float16", 64, has_block_sizes=False).config() == {
         "dtype": "float16", "head_dim": 64, "has_block_sizes": False, "fuse_gate": False, "k_stages": 1,
         "v_stages": 2, "ctas_per_sm": 3, "stmatrix_epilogue": False, "q_regs": 0, "lazy_rescale": True,
-        "lazy_vote": True, "partial_loads": False, "store_out_s": False}
+        "lazy_vote": True, "partial_loads": False, "store_out_s": False, "merge_prev": False}
     with pytest.raises(ValueError, match="partial_loads"):
         cls("bfloat16", 128, k_stages=2, ctas_per_sm=2, partial_loads=True)
     with pytest.raises(ValueError, match="store_out_s"):
@@ -200,9 +200,12 @@ def _serialised_wgmma(sass: str) -> int:
                                     {"lazy_vote": False}, {"fuse_gate": True}, {"partial_loads": True},
                                     {"partial_loads": True, "fuse_gate": True},
                                     {"partial_loads": True, "head_dim": 64},
-                                    {"fuse_gate": True, "store_out_s": True}],
+                                    {"fuse_gate": True, "store_out_s": True}, {"merge_prev": True},
+                                    {"merge_prev": True, "fuse_gate": True},
+                                    {"merge_prev": True, "fuse_gate": True, "store_out_s": True}],
                          ids=["default", "eager", "q64", "q112", "q112-gate", "q128-c2", "d64-q64", "novote",
-                              "gate", "partial", "partial-gate", "partial-d64", "gate-train"])
+                              "gate", "partial", "partial-gate", "partial-d64", "gate-train", "merge", "merge-gate",
+                              "merge-gate-train"])
 def test_register_and_pipeline_variants_keep_wgmma_pipelined(config):
     """The rescale and Q-in-registers options build with no spill and with their wgmmas pipelined:
     a conditional rescale of O beside a wgmma in flight, or a spilled Q fragment, made ptxas

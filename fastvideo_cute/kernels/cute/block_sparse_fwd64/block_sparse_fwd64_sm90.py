@@ -60,6 +60,12 @@ specialisation; the latency is hidden by three CTAs per SM, ``min_blocks_per_mp=
     chain; re-written for Wan-14B 720p, where one head's K/V (46 MB, 18 % of it padding rows)
     outgrow the L2, it is exact on the H200 and no faster there either (40.59 vs 40.63 ms end to
     end, ``benchmarks/results/ab_vsa_glue_h200_partial_14b.json``), so it stays off;
+  - ``merge_prev`` (a configuration; the kv-split forward of the ``sm90`` adapter): this launch's
+    lists cover one kv range, and an earlier launch over the ranges before it left its normalised
+    output in ``prev_o`` and its LSE in ``lse``; the epilogue merges the two by their LSEs before
+    the gate (``out = (w_prev * prev_o + w * out) / (w_prev + w)``, ``w = exp(lse - max)``, the
+    merged LSE written over ``lse``; empty on both sides: 0 and -inf; a NaN on either side: NaN),
+    so one head's resident K/V is one range's;
   - the pipeline is a configuration too (``k_stages`` 1-3 K slots, ``v_stages`` 2-3 V slots,
     ``ctas_per_sm``, ``stmatrix_epilogue``): with ``k_stages`` slots K[j + k_stages] is issued once
     S[j] retires, with three V slots V[j + 1] is issued at step j. The default (one K slot, two V
@@ -71,7 +77,8 @@ Layouts (the cuDNN-frontend blk64 entry's, so one host path serves both): q / k 
 dynamic), lse fp32 ``(S, H, B)``, idx int32 ``(W, Qb, H, B)``, num int32 ``(Qb, H, B)``, sizes int32
 ``(KVb,)`` or None; with ``fuse_gate`` also gate ``(S, D, H, B)`` (q's layout) and out_c
 ``(D, Qb, H, B)`` (unit stride on D), else None; with ``store_out_s`` out_s ``(S, D, H, B)`` (q's
-layout), else None. head_dim 64 or 128, fp16/bf16. Shared memory
+layout), else None; with ``merge_prev`` prev_o ``(S, D, H, B)`` (q's layout; may be out or out_s
+itself: each element is read before the CTA's output leaves), else None. head_dim 64 or 128, fp16/bf16. Shared memory
 (default pipeline): (64 D) x 4 x 2 B + barriers, 64 KB + 32 B at D = 128, three CTAs per SM within
 the H200's 227 KB (``__init__`` refuses a pipeline whose CTAs do not fit).
 """
@@ -94,7 +101,7 @@ from quack import layout_utils
 
 from fastvideo_cute.jit import CuteKernel, fake_stream
 
-from ..common.softmax import finalize_row, mask_keys_mn, online_softmax_rows
+from ..common.softmax import finalize_row, mask_keys_mn, merge_weights, online_softmax_rows
 from ..common.wgmma import wgmma_gemm
 
 __all__ = ["BlockSparseFwd64Sm90", "BLOCK", "HEAD_DIMS", "DTYPE_NAMES", "BASE_ALIGN", "SMEM_PER_SM", "smem_bytes"]
@@ -139,7 +146,8 @@ class BlockSparseFwd64Sm90(CuteKernel):
     def __init__(self, dtype: str = "bfloat16", head_dim: int = 128, *, has_block_sizes: bool = True,
                  fuse_gate: bool = False, k_stages: int = 1, v_stages: int = 2, ctas_per_sm: int = 3,
                  stmatrix_epilogue: bool = False, q_regs: int = 0, lazy_rescale: bool = True,
-                 lazy_vote: Optional[bool] = None, partial_loads: bool = False, store_out_s: bool = False):
+                 lazy_vote: Optional[bool] = None, partial_loads: bool = False, store_out_s: bool = False,
+                 merge_prev: bool = False):
         if dtype not in DTYPE_NAMES:
             raise ValueError(f"dtype must be one of {DTYPE_NAMES}, got {dtype!r}")
         if head_dim not in HEAD_DIMS:
@@ -179,13 +187,15 @@ class BlockSparseFwd64Sm90(CuteKernel):
             raise ValueError("store_out_s (out_s beside out_s + gate * out_c) needs fuse_gate; without the gate "
                              "the kernel's out is out_s")
         self.store_out_s = bool(store_out_s)
+        self.merge_prev = bool(merge_prev)
 
     def config(self) -> Mapping[str, Any]:
         return {"dtype": self.dtype_name, "head_dim": self.head_dim, "has_block_sizes": self.has_block_sizes,
                 "fuse_gate": self.fuse_gate, "k_stages": self.k_stages, "v_stages": self.v_stages,
                 "ctas_per_sm": self.ctas_per_sm, "stmatrix_epilogue": self.stmatrix_epilogue,
                 "q_regs": self.q_regs, "lazy_rescale": self.lazy_rescale, "lazy_vote": self.lazy_vote,
-                "partial_loads": self.partial_loads, "store_out_s": self.store_out_s}
+                "partial_loads": self.partial_loads, "store_out_s": self.store_out_s,
+                "merge_prev": self.merge_prev}
 
     def fake_args(self) -> tuple:
         dt = _CUTE_DTYPES[self.dtype_name]
@@ -207,12 +217,13 @@ class BlockSparseFwd64Sm90(CuteKernel):
         gate = tensor(dt, (sq, d, h, b), 1, BASE_ALIGN) if self.fuse_gate else None
         out_c = tensor(dt, (d, qb, h, b), 0, 4) if self.fuse_gate else None
         out_s = tensor(dt, (sq, d, h, b), 1, BASE_ALIGN) if self.store_out_s else None
-        return (q, k, v, out, lse, idx, num, sizes, gate, out_c, out_s, Float32(1.0), fake_stream())
+        prev_o = tensor(dt, (sq, d, h, b), 1, 16) if self.merge_prev else None
+        return (q, k, v, out, lse, idx, num, sizes, gate, out_c, out_s, prev_o, Float32(1.0), fake_stream())
 
     # ------------------------------------------------------------------ host side
     @cute.jit
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
-                 mIdx: cute.Tensor, mNum: cute.Tensor, mSizes, mGate, mOutC, mOs, softmax_scale: Float32,
+                 mIdx: cute.Tensor, mNum: cute.Tensor, mSizes, mGate, mOutC, mOs, mPrevO, softmax_scale: Float32,
                  stream: cuda.CUstream):
         d = self.head_dim
         dt = _CUTE_DTYPES[self.dtype_name]
@@ -241,6 +252,7 @@ class BlockSparseFwd64Sm90(CuteKernel):
         else:
             tma_atom_G, tma_G = tma_atom_K, tma_K  # placeholders, never used
         out_c = mOutC if const_expr(self.fuse_gate) else mNum
+        prev_o = static_dim(mPrevO, 1) if const_expr(self.merge_prev) else mNum  # (a placeholder never read)
         if const_expr(self.store_out_s):  # out_s leaves from the gate's K slot (K's tile layout = Q's)
             tma_atom_Os, tma_Os = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileS2GOp(), static_dim(mOs, 1),
                                                               sK_one, (BLOCK, d))
@@ -280,7 +292,7 @@ class BlockSparseFwd64Sm90(CuteKernel):
         sizes = mSizes if const_expr(self.has_block_sizes) else mNum  # a placeholder never read
         self.kernel(
             tma_atom_Q, tma_Q, tma_atom_K, tma_K, tma_atom_V, tma_V, tma_atom_O, tma_O, tma_atom_G, tma_G, out_c,
-            tma_atom_Os, tma_Os, tma_atom_K16, tma_K16, tma_atom_V16, tma_V16, mLSE, mIdx, mNum, sizes,
+            tma_atom_Os, tma_Os, prev_o, tma_atom_K16, tma_K16, tma_atom_V16, tma_V16, mLSE, mIdx, mNum, sizes,
             sQ_layout, sK_layout, sV_layout, mma_qk, mma_qk_rs, mma_pv, scale_log2, SharedStorage,
         ).launch(grid=grid, block=(THREADS, 1, 1), smem=SharedStorage.size_in_bytes(), stream=stream,
                  # three CTAs per SM: ptxas caps a thread at 65536 / 384 registers; the full
@@ -324,7 +336,7 @@ class BlockSparseFwd64Sm90(CuteKernel):
     def kernel(self, tma_atom_Q: cute.CopyAtom, mQ: cute.Tensor, tma_atom_K: cute.CopyAtom, mK: cute.Tensor,
                tma_atom_V: cute.CopyAtom, mV: cute.Tensor, tma_atom_O: cute.CopyAtom, mO: cute.Tensor,
                tma_atom_G: cute.CopyAtom, mG: cute.Tensor, mOutC: cute.Tensor,
-               tma_atom_Os: cute.CopyAtom, mOs: cute.Tensor, tma_atom_K16: cute.CopyAtom, mK16: cute.Tensor, tma_atom_V16: cute.CopyAtom, mV16: cute.Tensor,
+               tma_atom_Os: cute.CopyAtom, mOs: cute.Tensor, mPrevO: cute.Tensor, tma_atom_K16: cute.CopyAtom, mK16: cute.Tensor, tma_atom_V16: cute.CopyAtom, mV16: cute.Tensor,
                mLSE: cute.Tensor, mIdx: cute.Tensor, mNum: cute.Tensor, mSizes,
                sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout, sV_layout: cute.ComposedLayout,
                mma_qk: cute.TiledMma, mma_qk_rs: cute.TiledMma, mma_pv: cute.TiledMma, scale_log2: Float32,
@@ -568,17 +580,30 @@ class BlockSparseFwd64Sm90(CuteKernel):
             rG_mn = layout_utils.reshape_acc_to_mn(rG)
         num_cols = cute.size(acc_O_mn, mode=[1])
         oc = cute.make_rmem_tensor((num_cols,), Float32)
-        if const_expr(self.fuse_gate):  # this thread's columns of the tile's out_c row
+        # this thread's columns of the tile's out_c row (with merge_prev read where used: registers)
+        if const_expr(self.fuse_gate and not self.merge_prev):
             for c in cutlass.range_constexpr(num_cols):
                 oc[c] = Float32(mOutC[tOcO_mn[0, c][1], qt, h, b])
+        lse_prev = cute.make_rmem_tensor((num_rows,), Float32)  # (merge_prev) the earlier ranges' LSEs
+        if const_expr(self.merge_prev):
+            for r in cutlass.range_constexpr(num_rows):
+                lse_prev[r] = mLSE[qt * BLOCK + tOcO_mn[r, 0][0], h, b]
+            cute.arch.sync_warp()  # every lane of a row has read its LSE before one of them writes it
         for r in cutlass.range_constexpr(num_rows):
             total = cute.arch.warp_reduction_sum(row_sum[r], threads_in_group=4)
             inv, lse, empty = finalize_row(row_max[r], total, scale_log2)
+            a_this, a_prev = Float32(1.0), Float32(0.0)
+            if const_expr(self.merge_prev):
+                a_this, a_prev, lse = merge_weights(lse, lse_prev[r])
             for c in cutlass.range_constexpr(num_cols):
                 acc_O_mn[r, c] = Float32(0.0) if empty else acc_O_mn[r, c] * inv
+                if const_expr(self.merge_prev):
+                    o_prev = Float32(mPrevO[qt * BLOCK + tOcO_mn[r, c][0], tOcO_mn[r, c][1], h, b])
+                    acc_O_mn[r, c] = acc_O_mn[r, c] * a_this + o_prev * a_prev
                 if const_expr(self.fuse_gate and not self.store_out_s):
                     # out = out_s + gate * out_c[q tile] (fp32, rounded once)
-                    acc_O_mn[r, c] = acc_O_mn[r, c] + Float32(rG_mn[r, c]) * oc[c]
+                    oc_c = self.out_c_at(mOutC, oc, tOcO_mn, c, qt, h, b)
+                    acc_O_mn[r, c] = acc_O_mn[r, c] + Float32(rG_mn[r, c]) * oc_c
             row = qt * BLOCK + tOcO_mn[r, 0][0]
             if tOcO_mn[r, 0][1] == 0 and row < seqlen_q:
                 mLSE[row, h, b] = lse
@@ -588,7 +613,8 @@ class BlockSparseFwd64Sm90(CuteKernel):
             rOs.store(acc_O.load().to(dt))
             for r in cutlass.range_constexpr(num_rows):
                 for c in cutlass.range_constexpr(num_cols):
-                    acc_O_mn[r, c] = acc_O_mn[r, c] + Float32(rG_mn[r, c]) * oc[c]
+                    oc_c = self.out_c_at(mOutC, oc, tOcO_mn, c, qt, h, b)
+                    acc_O_mn[r, c] = acc_O_mn[r, c] + Float32(rG_mn[r, c]) * oc_c
         rO = cute.make_rmem_tensor_like(acc_O, dt)
         rO.store(acc_O.load().to(dt))
         # every warp's wgmma reads of Q are done before Q's buffer takes O (and, with the gate,
@@ -616,6 +642,14 @@ class BlockSparseFwd64Sm90(CuteKernel):
                 cute.copy(tma_atom_Os, tSsS[None, g_slot], tSgS)
             cute.arch.cp_async_bulk_commit_group()
             cute.arch.cp_async_bulk_wait_group(0, read=True)
+
+    @cute.jit
+    def out_c_at(self, mOutC, oc, tOcO_mn, c: cutlass.Constexpr, qt, h, b) -> Float32:
+        """out_c of this thread's column ``c`` (the q tile's row): held in ``oc``, or, with
+        ``merge_prev`` (whose epilogue has no registers to hold them), read here."""
+        if const_expr(self.merge_prev):
+            return Float32(mOutC[tOcO_mn[0, c][1], qt, h, b])
+        return oc[c]
 
     @cute.jit
     def load_tile(self, tma_atom: cute.CopyAtom, tXgX: cute.Tensor, tXsX: cute.Tensor, bar, tx_bytes: cutlass.Constexpr,

@@ -86,6 +86,33 @@ def finalize_row(row_max: Float32, row_sum: Float32, scale_log2: Float32):
     return inv, lse, empty
 
 
+@cute.jit
+def merge_weights(lse: Float32, lse_prev: Float32):
+    """Two normalised partial outputs of one row over disjoint key sets, with natural-log LSEs
+    ``lse`` (this one) and ``lse_prev``: returns ``(a, a_prev, merged_lse)`` such that the row's
+    output is ``a * out + a_prev * out_prev``. A side with no key (LSE -inf) gets weight 0; both
+    empty: weights 0 and LSE -inf (the contract's empty row); a NaN LSE on either side makes every
+    result NaN."""
+    nan = (lse != lse) | (lse_prev != lse_prev)
+    m = lse if lse > lse_prev else lse_prev
+    both_empty = m == -Float32.inf
+    safe_m = Float32(0.0) if both_empty else m
+    w = cute.math.exp2((lse - safe_m) * Float32(1.0 / LN2), fastmath=True)
+    w_prev = cute.math.exp2((lse_prev - safe_m) * Float32(1.0 / LN2), fastmath=True)
+    total = w + w_prev
+    inv = Float32(1.0) / (Float32(1.0) if both_empty else total)
+    merged = safe_m + cute.math.log2(Float32(1.0) if both_empty else total, fastmath=False) * Float32(LN2)
+    a = w * inv
+    a_prev = w_prev * inv
+    if both_empty:
+        merged = -Float32.inf
+    if nan:
+        a = Float32.nan
+        a_prev = Float32.nan
+        merged = Float32.nan
+    return a, a_prev, merged
+
+
 def tree_reduce(vals, op):
     """Trace-time pairwise reduction of a Python list of scalars: depth log2(n), not an n-long
     dependent chain (max is order-free; a sum in this order is deterministic)."""
