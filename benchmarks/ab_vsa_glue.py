@@ -54,7 +54,7 @@ CONFIGS = {
     # Wan-14B A/B, where one head's K/V outgrow the L2
     "sm90-partial": {"backends.sm90_backend._FWD_VARIANT": {"partial_loads": True}},
     # the forward split by kv range (sm90_fwd64's kv_splits; the default "auto" splits in two where
-    # one head's K/V outgrow 3/4 of the L2): forced off / to two ranges
+    # one head's K/V outgrow 0.6 of the L2): forced off / to two ranges
     "sm90-kv1": {"backends.sm90_backend._KV_SPLITS": 1},
     "sm90-kv2": {"backends.sm90_backend._KV_SPLITS": 2},
     # (--mode fwdbwd) the training forward with the gate pass instead of the fused gate + out_s

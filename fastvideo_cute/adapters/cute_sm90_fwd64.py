@@ -202,15 +202,18 @@ def split_lists_by_kv_range(q2k_idx: torch.Tensor, q2k_num: torch.Tensor, kvb: i
     return out
 
 
-#: one head's K/V past this share of the L2 is split (the H200, benchmarks/results/kv_working_set_h200.json:
-#: 45 MB of K/V per head ran 1.09x faster over half the kv range, 32 MB 1.02x)
-KV_SPLIT_L2_SHARE = 0.75
+#: one head's K/V past this share of the L2 is split. The H200 (60 MiB of L2 as the driver reports it):
+#: the kernel over half the kv range ran 1.09x faster with 45 MiB of K/V per head and 1.02x with 32 MiB
+#: (benchmarks/results/kv_working_set_h200.json); end to end at Wan2.1-14B 720p (45 MiB per head) two
+#: ranges were faster in every interleaved round (ab_vsa_glue_h200_kv_14b*.json). 0.6 splits 45 MiB,
+#: not 32 MiB (cuDNN's wrapper uses 3/4 of the L2, which at 60 MiB leaves Wan-14B unsplit).
+KV_SPLIT_L2_SHARE = 0.6
 
 
 def auto_kv_splits(device: torch.device, q_len: int, kv_len: int, head_dim: int, elem_size: int,
                    lists_width: int) -> int:
     """2 when one head's K/V (``kv_len`` x ``head_dim`` x 2 tensors) exceed ``KV_SPLIT_L2_SHARE`` of
-    the device's L2, each head has at least three waves of query tiles (three CTAs per SM; fewer
+    the device's L2 (more ranges were not measured), each head has at least three waves of query tiles (three CTAs per SM; fewer
     would put several heads in one wave, a footprint this rule does not model) and the lists are
     at least 32 wide; else 1."""
     if device.type != "cuda" or lists_width < 32:
