@@ -15,7 +15,8 @@ library's checks, and returns ``(out, lse)``: out in the call layout (BHSD or BS
 lse natural-log fp32 ``[B, H, S_q]``. Padded K/V rows may hold anything (NaN/Inf included): the
 kernel masks them itself. :func:`sm90_fwd64_problems` says why a call cannot be served (None when
 it can), without a GPU sync; :func:`tma_problem` is its per-tensor part (base alignment, strides),
-also what a gate must pass.
+also what a gate must pass. Where one head's K/V outgrow the L2 (Wan2.1-14B 720p on the H200) the
+forward runs split by kv range (``kv_splits``, :func:`auto_kv_splits`, :func:`split_lists_by_kv_range`).
 
 Imports torch; the CuTe DSL only when a kernel is compiled.
 """
