@@ -97,14 +97,20 @@ def _fwd_gated_impl(q: Tensor, k: Tensor, v: Tensor, kv_block_sizes: Tensor, blo
     """``video_sparse_attn``'s inference forward on a backend whose epilogue fuses the gate
     (``fuses_gate``: ``sm90``): ``out_s + gate * out_c`` (``out_c`` ``[B, H, Qb, D]``, one row per q
     block), the LSE not returned (the VSA discards it). No autograd: only no-grad calls take it."""
+    return _run_gated(q, k, v, kv_block_sizes, block_size, bshd, sm_scale, route, range_checked, q2k_idx, q2k_num,
+                      gate, out_c)[0]
+
+
+def _run_gated(q, k, v, kv_block_sizes, block_size, bshd, sm_scale, route, range_checked, q2k_idx, q2k_num, gate,
+               out_c, out_s=None):
+    """The gated ops' shared body: ``(out, lse)`` of the route's forward backend's ``forward_gated``."""
     if not range_checked:  # traced by torch.compile: the API's eager check did not run
         check_sizes_range(kv_block_sizes, block_size)
     route = route.split(ROUTE_SEP)[0]
     dispatch_counts[(route, "fwd")] += 1
-    out, _ = BACKENDS[route].forward_gated(q, k, v, _sparsity(None, q2k_idx, q2k_num, kv_block_sizes),
-                                           kv_block_sizes, gate, out_c, block_size=block_size, bshd=bshd,
-                                           sm_scale=sm_scale)
-    return out
+    return BACKENDS[route].forward_gated(q, k, v, _sparsity(None, q2k_idx, q2k_num, kv_block_sizes), kv_block_sizes,
+                                         gate, out_c, block_size=block_size, bshd=bshd, sm_scale=sm_scale,
+                                         out_s=out_s)
 
 
 _fwd_gated = torch.library.custom_op("fastvideo_cute::block_sparse_attn_fwd_gated", mutates_args=())(_fwd_gated_impl)
@@ -122,14 +128,9 @@ def _fwd_gated_train_impl(q: Tensor, k: Tensor, v: Tensor, kv_block_sizes: Tenso
     """``video_sparse_attn``'s training forward on a backend whose epilogue fuses the gate:
     ``(out_s + gate * out_c, out_s, lse)`` (``out_s``, ``lse``: the sparse branch's, what the
     route's block-sparse backward takes). No autograd of its own (``vsa_autograd`` owns it)."""
-    if not range_checked:
-        check_sizes_range(kv_block_sizes, block_size)
-    route = route.split(ROUTE_SEP)[0]
-    dispatch_counts[(route, "fwd")] += 1
     out_s = torch.empty_like(q, memory_format=torch.contiguous_format)
-    out, lse = BACKENDS[route].forward_gated(q, k, v, _sparsity(None, q2k_idx, q2k_num, kv_block_sizes),
-                                             kv_block_sizes, gate, out_c, block_size=block_size, bshd=bshd,
-                                             sm_scale=sm_scale, out_s=out_s)
+    out, lse = _run_gated(q, k, v, kv_block_sizes, block_size, bshd, sm_scale, route, range_checked, q2k_idx,
+                          q2k_num, gate, out_c, out_s)
     return out, out_s, lse
 
 

@@ -134,7 +134,7 @@ def sm90_fwd64(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q2k_idx: torch
     ``kv_splits`` (>= 1; the lists must be ascending, as the library's are): the kv tiles in that
     many ranges, one launch per range, each over the entries of every list in its range: all heads'
     first range, then the second, so the K/V that the resident CTAs of one head touch is one
-    range's (one head's K/V past ~3/4 of the L2 slows the kernel: ``auto_kv_splits``). The first
+    range's (one head's K/V past ~0.6 of the L2 slows the kernel: ``auto_kv_splits``). The first
     launch writes its output and LSE as usual (into ``out_s`` when given, else ``out``); each later
     one merges its own with them by the LSEs in its epilogue (the kernel's ``merge_prev``), the last
     one also composing the gate. The earlier ranges' output passes through bf16 once per range."""
@@ -166,8 +166,11 @@ def sm90_fwd64(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q2k_idx: torch
     running = out_s if out_s is not None else out  # where the earlier ranges' output waits
     for i, (idx, num) in enumerate(parts):
         last, first = i == len(parts) - 1, i == 0
-        var = dict(variant, **({"store_out_s": True} if last and out_s is not None else {}),
-                   **({} if first else {"merge_prev": True}))
+        var = dict(variant)
+        if last and out_s is not None:
+            var["store_out_s"] = True
+        if not first:
+            var["merge_prev"] = True
         gated = last and gate is not None
         fn = _kernel_fn(q.dtype, d, block_sizes is not None, gated, tuple(sorted(var.items())))
         dst = out if last else running
@@ -214,9 +217,9 @@ KV_SPLIT_L2_SHARE = 0.6
 def auto_kv_splits(device: torch.device, q_len: int, kv_len: int, head_dim: int, elem_size: int,
                    lists_width: int) -> int:
     """2 when one head's K/V (``kv_len`` x ``head_dim`` x 2 tensors) exceed ``KV_SPLIT_L2_SHARE`` of
-    the device's L2 (more ranges were not measured), each head has at least three waves of query tiles (three CTAs per SM; fewer
-    would put several heads in one wave, a footprint this rule does not model) and the lists are
-    at least 32 wide; else 1."""
+    the device's L2 (more ranges were not measured), each head has at least three waves of query
+    tiles (three CTAs per SM; fewer would put several heads in one wave, a footprint this rule does
+    not model) and the lists are at least 32 wide; else 1."""
     if device.type != "cuda" or lists_width < 32:
         return 1
     l2, sms = _props(device.index if device.index is not None else torch.cuda.current_device())

@@ -592,7 +592,6 @@ class BlockSparseFwd64Sm90(CuteKernel):
         for r in cutlass.range_constexpr(num_rows):
             total = cute.arch.warp_reduction_sum(row_sum[r], threads_in_group=4)
             inv, lse, empty = finalize_row(row_max[r], total, scale_log2)
-            a_this, a_prev = Float32(1.0), Float32(0.0)
             if const_expr(self.merge_prev):
                 a_this, a_prev, lse = merge_weights(lse, lse_prev[r])
             for c in cutlass.range_constexpr(num_cols):
