@@ -16,9 +16,12 @@ rescaled only when a row's max passes its reference max by more than 2^8; ``lazy
 whose lanes all keep their reference maxima skips the row-max shuffles and the rescale), Q's first
 112 columns in registers (``q_regs=112``), the eager rescale of every step
 (``lazy_rescale=False``, the build before 2026-12-03), and the lazy rescale without the vote
-(``lazy_vote=False``, the default before 2026-12-03's second session), and ``partial_loads`` (a
+(``lazy_vote=False``, the default before 2026-12-03's second session), ``partial_loads`` (a
 partial kv tile's K and V loaded as 16-key pieces, only those holding a valid key; its first build
-was exact on the H200 on 2026-12-02, this one is re-written on the current kernel). ``test_every_list_length`` walks lists of 0-8 entries with
+was exact on the H200 on 2026-12-02, this one is re-written on the current kernel), and
+``exp2_poly=4`` (4 of each row part's 16 exponentials by a degree-3 polynomial on the FMA pipe,
+relative error <= 8.8e-5: within the same tolerances; ``test_nan_in_one_visible_key_propagates``
+puts a NaN in each key position in turn, so the polynomial's NaN path is reached). ``test_every_list_length`` walks lists of 0-8 entries with
 and without the gate, so every ring phase of the K/V slots and of the gate's slot is reached. ``test_lazy_rescale_*`` build score sequences whose max climbs in steps below and
 above the threshold, and one that only falls, so that both branches of the rescale run.
 
@@ -43,7 +46,7 @@ from fastvideo_cute.metadata import map_to_index  # noqa: E402
 OUT_TOL = {torch.bfloat16: 1.6e-2, torch.float16: 2e-3}
 
 VARIANTS = {"default": None, "q112": {"q_regs": 112}, "eager": {"lazy_rescale": False},
-            "novote": {"lazy_vote": False}, "partial": {"partial_loads": True}}
+            "novote": {"lazy_vote": False}, "partial": {"partial_loads": True}, "poly4": {"exp2_poly": 4}}
 
 
 @pytest.fixture(params=list(VARIANTS), ids=list(VARIANTS))
@@ -144,6 +147,23 @@ def test_nan_in_a_visible_query_row_propagates(variant):
     out, lse = _run(q, k, v, bm, sizes, False, variant=variant)
     assert torch.isnan(out[0, 0, 3]).all() and torch.isnan(lse[0, 0, 3])
     assert torch.isfinite(out[0, 0, 4]).all()
+
+
+def test_nan_in_one_visible_key_propagates(variant):
+    """A NaN in one valid key row, at each of the 64 key positions of a tile in turn (so in every
+    column of every lane's score fragment, whichever of them ``exp2_poly`` computes on the FMA
+    pipe): every query row that selects the tile is NaN, the others are not."""
+    q, k, v, bm, sizes = _case(False, 1, 1, 256, 256, 128, torch.bfloat16, {})
+    bm[0, 0, :, 1] = False
+    bm[0, 0, 2, 1] = True  # only query tile 2 selects kv tile 1
+    for t in range(64):
+        kk = k.clone()
+        kk[0, 0, 64 + t, t % 128] = float("nan")
+        out, lse = _run(q, kk, v, bm, sizes, False, variant=variant)
+        assert torch.isnan(out[0, 0, 128:192]).all() and torch.isnan(lse[0, 0, 128:192]).all(), t
+        rows = torch.ones(256, dtype=torch.bool, device="cuda")
+        rows[128:192] = False
+        assert torch.isfinite(out[0, 0, rows]).all(), t
 
 
 @pytest.mark.parametrize("gated", [False, True, "train"], ids=["plain", "gate", "train"])
