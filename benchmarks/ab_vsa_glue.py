@@ -59,8 +59,6 @@ CONFIGS = {
     "sm90-kv2": {"backends.sm90_backend._KV_SPLITS": 2},
     "sm90-kv3": {"backends.sm90_backend._KV_SPLITS": 3},
     "sm90-kv4": {"backends.sm90_backend._KV_SPLITS": 4},
-    # 4 of a row part's 16 exponentials on the FMA pipe (exp2_poly), the rest on MUFU
-    "sm90-poly4": {"backends.sm90_backend._FWD_VARIANT": {"exp2_poly": 4}},
     # (--mode fwdbwd) the training forward with the gate pass instead of the fused gate + out_s
     "no-train-gate": {"vsa_autograd._TRAIN_GATE_FUSED": False},
     # (--mode fwdbwd) the coarse attention's backward with its gradient products in tf32x3 (before

@@ -43,18 +43,13 @@ def parse_variant(spec: str) -> dict:
     """``"k2v3c2st"`` -> k_stages=2, v_stages=3, ctas_per_sm=2, stmatrix_epilogue=True; ``q112`` ->
     q_regs=112 (Q's first 112 columns in registers: those k-steps of S as RS wgmma; ``q`` alone:
     128); the flags ``l`` / ``e`` (lazy_rescale on / off), ``u`` / ``n`` (lazy_vote on / off) and
-    ``p`` (partial_loads) anywhere, and ``x<n>`` (``exp2_poly=n``: n of a row part's 16 exponentials
-    on the FMA pipe), e.g. ``"q112l"``, ``"x4"`` (the kernel's defaults for what is left out;
-    ``"base"`` is the default build)."""
+    ``p`` (partial_loads) anywhere, e.g.
+    ``"q112l"`` (the kernel's defaults for what is left out; ``"base"`` is the default build)."""
     import re
 
     out, rest = {}, spec
     if rest == "base":
         return out
-    m = re.search(r"x(\d+)", rest)
-    if m:
-        out["exp2_poly"] = int(m.group(1))
-        rest = rest[:m.start()] + rest[m.end():]
     if rest.endswith("st"):
         out["stmatrix_epilogue"], rest = True, rest[:-2]
     for key, val in re.findall(r"([kvc])(\d)", rest):

@@ -206,27 +206,36 @@ def split_lists_by_kv_range(q2k_idx: torch.Tensor, q2k_num: torch.Tensor, kvb: i
     return out
 
 
-#: one head's K/V past this share of the L2 is split. The H200 (60 MiB of L2 as the driver reports it):
 #: the kernel over half the kv range ran 1.09x faster with 45 MiB of K/V per head and 1.02x with 32 MiB
 #: (benchmarks/results/kv_working_set_h200.json); end to end at Wan2.1-14B 720p (45 MiB per head) two
 #: ranges were faster in every interleaved round (ab_vsa_glue_h200_kv_14b*.json). 0.6 splits 45 MiB,
 #: not 32 MiB (cuDNN's wrapper uses 3/4 of the L2, which at 60 MiB leaves Wan-14B unsplit).
 KV_SPLIT_L2_SHARE = 0.6
+#: how many ranges: the fewest that keep one range's K/V within this share of the L2. Measured end to
+#: end (ab_vsa_glue_h200_kvn_{14b,hunyuan}.json, five interleaved rounds, 2, 3 and 4 ranges): the
+#: fastest range held 0.375 of the L2 both at Wan2.1-14B 720p (45 MiB per head: two ranges, three and
+#: four slower) and at HunyuanVideo 720p (67.5 MiB: three ranges, 4.6 % / 1.5 % faster than two at
+#: 87.5 % / 90 %, four slower); 0.25-0.28 and >= 0.56 of the L2 per range were slower.
+KV_RANGE_L2_SHARE = 0.4
+#: at most this many ranges (the most measured; each range's launch rounds the merged output to the
+#: output dtype once more)
+KV_SPLITS_MAX = 4
 
 
 def auto_kv_splits(device: torch.device, q_len: int, kv_len: int, head_dim: int, elem_size: int,
                    lists_width: int) -> int:
-    """2 when one head's K/V (``kv_len`` x ``head_dim`` x 2 tensors) exceed ``KV_SPLIT_L2_SHARE`` of
-    the device's L2 (more ranges were not measured), each head has at least three waves of query
-    tiles (three CTAs per SM; fewer would put several heads in one wave, a footprint this rule does
-    not model) and the lists are at least 32 wide; else 1."""
+    """When one head's K/V (``kv_len`` x ``head_dim`` x 2 tensors) exceed ``KV_SPLIT_L2_SHARE`` of
+    the device's L2, the fewest ranges (at least 2, at most ``KV_SPLITS_MAX``) whose K/V each fit
+    ``KV_RANGE_L2_SHARE`` of it, provided each head has at least three waves of query tiles (three CTAs per SM; fewer would put
+    several heads in one wave, a footprint this rule does not model) and the lists are at least 32
+    wide; else 1."""
     if device.type != "cuda" or lists_width < 32:
         return 1
     l2, sms = _props(device.index if device.index is not None else torch.cuda.current_device())
     kv_bytes = 2 * kv_len * head_dim * elem_size
     if l2 <= 0 or q_len // BLOCK < 3 * sms or kv_bytes <= KV_SPLIT_L2_SHARE * l2:
         return 1
-    return 2
+    return min(KV_SPLITS_MAX, max(2, math.ceil(kv_bytes / (KV_RANGE_L2_SHARE * l2))))
 
 
 @functools.lru_cache(maxsize=None)

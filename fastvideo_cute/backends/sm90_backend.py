@@ -46,7 +46,7 @@ _BLOCK = 64
 # ``sm90-q64`` etc.), not an API: the warm-up compiles the default.
 _FWD_VARIANT = None
 # kv ranges of the forward (sm90_fwd64's kv_splits): "auto" (adapters.cute_sm90_fwd64.auto_kv_splits:
-# 2 where one head's K/V outgrow 0.6 of the L2) or an int (benchmarks/ab_vsa_glue.py sets 1 / 2)
+# 2-4 where one head's K/V outgrow 0.6 of the L2) or an int (benchmarks/ab_vsa_glue.py sets 1-4)
 _KV_SPLITS = "auto"
 _BLOCKS = (64, 128, 256)  # 128/256 run as the 64-token tiles that cover them (split_q2k)
 _DTYPES = (torch.float16, torch.bfloat16)

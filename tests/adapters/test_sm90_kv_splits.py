@@ -42,8 +42,16 @@ def test_split_lists_cut_each_row_by_kv_range(splits, seed):
 def test_auto_splits_follow_the_l2_rule(monkeypatch):
     monkeypatch.setattr(A, "_props", lambda index: (60 * 2 ** 20, 132))  # the H200 as the driver reports it
     cuda = torch.device("cuda", 0)
-    # Wan2.1-14B 720p: 92,160 tokens, 45 MiB of K/V per head > 0.6 of 60 MiB -> 2
+    # Wan2.1-14B 720p: 92,160 tokens, 45 MiB of K/V per head > 0.6 of 60 MiB -> 2 ranges of 0.375
     assert A.auto_kv_splits(cuda, 92160, 92160, 128, 2, 180) == 2
+    # HunyuanVideo 720p: 138,240 tokens, 67.5 MiB per head -> 3 ranges of 0.375 of the L2 (2 would be 0.56)
+    assert A.auto_kv_splits(cuda, 138240, 138240, 128, 2, 270) == 3
+    # 0.4 of the L2 per range at most: 96 MiB -> 4; beyond that the cap (4)
+    assert A.auto_kv_splits(cuda, 196608, 196608, 128, 2, 256) == 4
+    assert A.auto_kv_splits(cuda, 196608 + 64, 196608 + 64, 128, 2, 256) == 4
+    assert A.auto_kv_splits(cuda, 4 * 196608, 4 * 196608, 128, 2, 256) == 4
+    # just past the trigger (0.6 of the L2) -> 2
+    assert A.auto_kv_splits(cuda, 73792, 73792, 128, 2, 128) == 2
     # 65,536 tokens: 32 MiB per head -> 1; narrow lists -> 1; few query tiles per head -> 1; CPU -> 1
     assert A.auto_kv_splits(cuda, 65536, 65536, 128, 2, 128) == 1
     assert A.auto_kv_splits(cuda, 92160, 92160, 128, 2, 16) == 1

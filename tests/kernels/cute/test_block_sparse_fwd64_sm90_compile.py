@@ -87,16 +87,12 @@ def test_bad_configuration_is_refused():
     assert cls("float16", 64, has_block_sizes=False).config() == {
         "dtype": "float16", "head_dim": 64, "has_block_sizes": False, "fuse_gate": False, "k_stages": 1,
         "v_stages": 2, "ctas_per_sm": 3, "stmatrix_epilogue": False, "q_regs": 0, "lazy_rescale": True,
-        "lazy_vote": True, "partial_loads": False, "store_out_s": False, "merge_prev": False, "exp2_poly": 0}
+        "lazy_vote": True, "partial_loads": False, "store_out_s": False, "merge_prev": False}
     with pytest.raises(ValueError, match="partial_loads"):
         cls("bfloat16", 128, k_stages=2, ctas_per_sm=2, partial_loads=True)
     with pytest.raises(ValueError, match="store_out_s"):
         cls("bfloat16", 128, store_out_s=True)
     assert cls("bfloat16", 128, fuse_gate=True, store_out_s=True).config()["store_out_s"] is True
-    for bad in (-1, 17, 4.0, "4"):
-        with pytest.raises(ValueError, match="exp2_poly"):
-            cls("bfloat16", 128, exp2_poly=bad)
-    assert cls("bfloat16", 128, exp2_poly=16).config()["exp2_poly"] == 16
 
 
 def test_predicate_refuses_cpu_tensors_with_a_reason():
@@ -206,11 +202,10 @@ def _serialised_wgmma(sass: str) -> int:
                                     {"partial_loads": True, "head_dim": 64},
                                     {"fuse_gate": True, "store_out_s": True}, {"merge_prev": True},
                                     {"merge_prev": True, "fuse_gate": True},
-                                    {"merge_prev": True, "fuse_gate": True, "store_out_s": True},
-                                    {"exp2_poly": 4}, {"exp2_poly": 8, "fuse_gate": True}],
+                                    {"merge_prev": True, "fuse_gate": True, "store_out_s": True}],
                          ids=["default", "eager", "q64", "q112", "q112-gate", "q128-c2", "d64-q64", "novote",
                               "gate", "partial", "partial-gate", "partial-d64", "gate-train", "merge", "merge-gate",
-                              "merge-gate-train", "poly4", "poly8-gate"])
+                              "merge-gate-train"])
 def test_register_and_pipeline_variants_keep_wgmma_pipelined(config):
     """The rescale and Q-in-registers options build with no spill and with their wgmmas pipelined:
     a conditional rescale of O beside a wgmma in flight, or a spilled Q fragment, made ptxas
@@ -233,10 +228,6 @@ def test_register_and_pipeline_variants_keep_wgmma_pipelined(config):
         assert report.count("UTMALDG") > 24, report.line
     vote = config.get("lazy_vote", config.get("lazy_rescale", True))  # the default: with the lazy rescale
     assert report.count("VOTE.ALL") == (2 if vote else 0), report.line
-    # exp2_poly: that many of a row part's 16 exponentials, of each of a thread's two rows, at the two
-    # softmax sites, leave MUFU for the polynomial (one round-down add and one NaN-keeping clamp each)
-    poly = 2 * 2 * config.get("exp2_poly", 0)
-    assert report.count("FADD.RM") == poly and report.count("FMNMX.NAN") == poly, report.line
 
 
 def test_full_q_in_registers_at_three_ctas_is_serialised():

@@ -4,7 +4,8 @@ reference (``fastvideo_cute.reference.block_sparse_attn_reference``).
 Cases: BHSD and BSHD, B = 2, q_len != kv_len, ragged kv sizes (0, 17, 41: not multiples of the
 16-key P V step, so the in-kernel zeroing runs; 16, 32: the skipped-step path), an empty kv block
 selected by every row, a query tile with no entry (out 0, LSE -inf), NaN in padded K and Inf in
-padded V (must not leak), a NaN in a visible q row (NaN out and LSE), fp16 and bf16, head_dim 64
+padded V (must not leak), a NaN in a visible q row (NaN out and LSE), a NaN in one visible key at each of
+the 64 positions of a tile (NaN in exactly the rows that select it), fp16 and bf16, head_dim 64
 and 128, with and without sizes; and a 65,536-token run-to-run check (bitwise equal). The fused-gate epilogue (``gate=``, ``out_c=``)
 against ``gate_compose_reference`` of the reference branch (written before it ran on a GPU: the
 first H200 run decides whether it holds; tolerance as the plain output's, the composition is
@@ -16,12 +17,9 @@ rescaled only when a row's max passes its reference max by more than 2^8; ``lazy
 whose lanes all keep their reference maxima skips the row-max shuffles and the rescale), Q's first
 112 columns in registers (``q_regs=112``), the eager rescale of every step
 (``lazy_rescale=False``, the build before 2026-12-03), and the lazy rescale without the vote
-(``lazy_vote=False``, the default before 2026-12-03's second session), ``partial_loads`` (a
+(``lazy_vote=False``, the default before 2026-12-03's second session), and ``partial_loads`` (a
 partial kv tile's K and V loaded as 16-key pieces, only those holding a valid key; its first build
-was exact on the H200 on 2026-12-02, this one is re-written on the current kernel), and
-``exp2_poly=4`` (4 of each row part's 16 exponentials by a degree-3 polynomial on the FMA pipe,
-relative error <= 8.8e-5: within the same tolerances; ``test_nan_in_one_visible_key_propagates``
-puts a NaN in each key position in turn, so the polynomial's NaN path is reached). ``test_every_list_length`` walks lists of 0-8 entries with
+was exact on the H200 on 2026-12-02, this one is re-written on the current kernel). ``test_every_list_length`` walks lists of 0-8 entries with
 and without the gate, so every ring phase of the K/V slots and of the gate's slot is reached. ``test_lazy_rescale_*`` build score sequences whose max climbs in steps below and
 above the threshold, and one that only falls, so that both branches of the rescale run.
 
@@ -46,7 +44,7 @@ from fastvideo_cute.metadata import map_to_index  # noqa: E402
 OUT_TOL = {torch.bfloat16: 1.6e-2, torch.float16: 2e-3}
 
 VARIANTS = {"default": None, "q112": {"q_regs": 112}, "eager": {"lazy_rescale": False},
-            "novote": {"lazy_vote": False}, "partial": {"partial_loads": True}, "poly4": {"exp2_poly": 4}}
+            "novote": {"lazy_vote": False}, "partial": {"partial_loads": True}}
 
 
 @pytest.fixture(params=list(VARIANTS), ids=list(VARIANTS))
@@ -151,8 +149,8 @@ def test_nan_in_a_visible_query_row_propagates(variant):
 
 def test_nan_in_one_visible_key_propagates(variant):
     """A NaN in one valid key row, at each of the 64 key positions of a tile in turn (so in every
-    column of every lane's score fragment, whichever of them ``exp2_poly`` computes on the FMA
-    pipe): every query row that selects the tile is NaN, the others are not."""
+    column of every lane's score fragment): every query row that selects the tile is NaN, the
+    others are not."""
     q, k, v, bm, sizes = _case(False, 1, 1, 256, 256, 128, torch.bfloat16, {})
     bm[0, 0, :, 1] = False
     bm[0, 0, 2, 1] = True  # only query tile 2 selects kv tile 1

@@ -101,7 +101,7 @@ from quack import layout_utils
 
 from fastvideo_cute.jit import CuteKernel, fake_stream
 
-from ..common.softmax import finalize_row, mask_keys_mn, merge_weights, online_softmax_rows, poly_columns
+from ..common.softmax import finalize_row, mask_keys_mn, merge_weights, online_softmax_rows
 from ..common.wgmma import wgmma_gemm
 
 __all__ = ["BlockSparseFwd64Sm90", "BLOCK", "HEAD_DIMS", "DTYPE_NAMES", "BASE_ALIGN", "SMEM_PER_SM", "smem_bytes"]
@@ -147,7 +147,7 @@ class BlockSparseFwd64Sm90(CuteKernel):
                  fuse_gate: bool = False, k_stages: int = 1, v_stages: int = 2, ctas_per_sm: int = 3,
                  stmatrix_epilogue: bool = False, q_regs: int = 0, lazy_rescale: bool = True,
                  lazy_vote: Optional[bool] = None, partial_loads: bool = False, store_out_s: bool = False,
-                 merge_prev: bool = False, exp2_poly: int = 0):
+                 merge_prev: bool = False):
         if dtype not in DTYPE_NAMES:
             raise ValueError(f"dtype must be one of {DTYPE_NAMES}, got {dtype!r}")
         if head_dim not in HEAD_DIMS:
@@ -188,10 +188,6 @@ class BlockSparseFwd64Sm90(CuteKernel):
                              "the kernel's out is out_s")
         self.store_out_s = bool(store_out_s)
         self.merge_prev = bool(merge_prev)
-        if not isinstance(exp2_poly, int) or not 0 <= exp2_poly <= BLOCK // 4:
-            raise ValueError(f"exp2_poly (the columns of a row part, of {BLOCK // 4}, whose exponentials run on the "
-                             f"FMA pipe) must be an int in [0, {BLOCK // 4}], got {exp2_poly!r}")
-        self.exp2_poly = int(exp2_poly)
 
     def config(self) -> Mapping[str, Any]:
         return {"dtype": self.dtype_name, "head_dim": self.head_dim, "has_block_sizes": self.has_block_sizes,
@@ -199,7 +195,7 @@ class BlockSparseFwd64Sm90(CuteKernel):
                 "ctas_per_sm": self.ctas_per_sm, "stmatrix_epilogue": self.stmatrix_epilogue,
                 "q_regs": self.q_regs, "lazy_rescale": self.lazy_rescale, "lazy_vote": self.lazy_vote,
                 "partial_loads": self.partial_loads, "store_out_s": self.store_out_s,
-                "merge_prev": self.merge_prev, "exp2_poly": self.exp2_poly}
+                "merge_prev": self.merge_prev}
 
     def fake_args(self) -> tuple:
         dt = _CUTE_DTYPES[self.dtype_name]
@@ -777,5 +773,4 @@ class BlockSparseFwd64Sm90(CuteKernel):
             mask_keys_mn(acc_S_mn, tScS, keys)
         return online_softmax_rows(acc_S_mn, row_max, row_sum, alpha, scale_log2, threads_in_group=4,
                                    rescale_threshold=RESCALE_THRESHOLD if const_expr(self.lazy_rescale) else None,
-                                   vote_kept=self.lazy_vote, neg_scaled_state=neg_scaled,
-                                   poly_cols=poly_columns(cute.size(acc_S_mn, mode=[1]), self.exp2_poly))
+                                   vote_kept=self.lazy_vote, neg_scaled_state=neg_scaled)

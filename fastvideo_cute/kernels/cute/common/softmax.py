@@ -22,29 +22,8 @@ import math
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
-from cutlass._mlir.dialects import llvm
-from cutlass.cutlass_dsl import T, dsl_user_op
 
 LN2 = math.log(2.0)
-
-# 2^f on [0, 1) as c0 + f (c1 + f (c2 + f c3)): the degree-3 minimax coefficients FA4 uses for its
-# Blackwell exp2 emulation; max relative error 8.8e-5 (numpy over 200,000 points, fp32 Horner)
-EXP2_POLY3 = (1.0, 0.695146143436431884765625, 0.227564394474029541015625, 0.077119089663028717041015625)
-# the PTX of :func:`exp2_poly3`: the clamp keeps NaN (max.NaN), floor(x) by adding 1.5 * 2^23 + 127 with
-# round-down (its low bits are then floor(x) + 127, the biased exponent), the fraction by Horner, and
-# the result as poly(frac) * 2^floor(x), the power built from those bits shifted into the exponent
-_EXP2_POLY3_PTX = (
-    "{\n\t.reg .f32 xc, xr, xb, fr, p;\n\t.reg .b32 e;\n\t"
-    "max.NaN.f32 xc, $1, 0fC2FE0000;\n\t"          # -127
-    "add.rm.f32 xr, xc, 0f4B40007F;\n\t"           # 12582912 + 127
-    "sub.f32 xb, xr, 0f4B40007F;\n\t"
-    "sub.f32 fr, xc, xb;\n\t"
-    "fma.rn.f32 p, fr, 0f3D9DF09D, 0f3E6906A4;\n\t"  # c3, c2
-    "fma.rn.f32 p, p, fr, 0f3F31F519;\n\t"         # c1
-    "fma.rn.f32 p, p, fr, 0f3F800000;\n\t"         # c0
-    "mov.b32 e, xr;\n\tshl.b32 e, e, 23;\n\tmov.b32 xb, e;\n\t"
-    "mul.f32 $0, p, xb;\n\t}"
-)
 
 
 @cute.jit
@@ -134,28 +113,6 @@ def merge_weights(lse: Float32, lse_prev: Float32):
     return a, a_prev, merged
 
 
-@dsl_user_op
-def exp2_poly3(x: Float32, *, loc=None, ip=None) -> Float32:
-    """``2^x`` on the FMA and integer pipes instead of MUFU.EX2 (for x <= 127; the softmax's
-    arguments are <= ``rescale_threshold``): 9 instructions, relative error <= 8.8e-5 against
-    MUFU's ~2^-22 (FA4's Blackwell emulation, written here for one lane at a time: sm_90 has no
-    packed fp32 FMA). ``-inf`` and anything below -127 give 0 (MUFU flushes below -126 too), NaN
-    gives NaN (the clamp is ``max.NaN``; the exponent bits of a NaN floor give -inf and NaN * -inf
-    is NaN), ``+inf`` gives NaN (the softmax never exponentiates +inf: a row whose max is +inf is
-    centred first, which makes its arguments NaN)."""
-    return Float32(llvm.inline_asm(T.f32(), [Float32(x).ir_value(loc=loc, ip=ip)], _EXP2_POLY3_PTX, "=f,f",
-                                   has_side_effects=False, is_align_stack=False,
-                                   asm_dialect=llvm.AsmDialect.AD_ATT))
-
-
-def poly_columns(cols: int, count: int):
-    """``count`` of a row part's ``cols`` columns, evenly spaced, whose exponentials
-    :func:`online_softmax_rows` computes by :func:`exp2_poly3` (the rest on MUFU)."""
-    if not 0 <= count <= cols:
-        raise ValueError(f"exp2_poly: expected 0..{cols} columns, got {count}")
-    return tuple(sorted({(i * cols) // count for i in range(count)})) if count else ()
-
-
 def tree_reduce(vals, op):
     """Trace-time pairwise reduction of a Python list of scalars: depth log2(n), not an n-long
     dependent chain (max is order-free; a sum in this order is deterministic)."""
@@ -193,7 +150,7 @@ def _move_row(local: Float32, row_max: cute.Tensor, alpha: cute.Tensor, r: cutla
 def online_softmax_rows(s_mn: cute.Tensor, row_max: cute.Tensor, row_sum: cute.Tensor, alpha: cute.Tensor,
                         scale_log2: Float32, threads_in_group: cutlass.Constexpr = 4,
                         rescale_threshold: cutlass.Constexpr = None, vote_kept: cutlass.Constexpr = False,
-                        neg_scaled_state=None, poly_cols: cutlass.Constexpr = ()):
+                        neg_scaled_state=None):
     """The online-softmax step of :func:`online_softmax_update` for every row of a score
     fragment viewed as (rows, cols) (``s_mn``, overwritten with P), with tree reductions and one
     FFMA per exponent. ``row_max`` / ``row_sum`` (this thread's partial sum) / ``alpha`` (the ratio
@@ -252,10 +209,6 @@ def online_softmax_rows(s_mn: cute.Tensor, row_max: cute.Tensor, row_sum: cute.T
                 s_mn[r, c] = s_mn[r, c] - safe[r]
     for r in cutlass.range_constexpr(rows):
         for c in cutlass.range_constexpr(cols):
-            x = cute.math.fma(s_mn[r, c], scale_log2, neg_scaled[r])
-            if const_expr(c in poly_cols):
-                s_mn[r, c] = exp2_poly3(x)
-            else:
-                s_mn[r, c] = cute.math.exp2(x, fastmath=True)
+            s_mn[r, c] = cute.math.exp2(cute.math.fma(s_mn[r, c], scale_log2, neg_scaled[r]), fastmath=True)
         row_sum[r] = row_sum[r] * alpha[r] + tree_reduce([s_mn[r, c] for c in range(cols)], lambda a, b: a + b)
     return moved
