@@ -186,9 +186,32 @@ def split_lists_by_kv_range(q2k_idx: torch.Tensor, q2k_num: torch.Tensor, kvb: i
     """The q2k lists (ascending; int32 ``[B, H, Qb, W]`` and counts ``[B, H, Qb]``) cut into
     ``splits`` lists by kv range: range ``s`` is tiles ``[ceil(s * kvb / splits), ceil((s + 1) *
     kvb / splits))``; list ``s`` holds each row's entries in it, in order, from its first slot
-    (``(idx, num)`` like the input's; ``splits == 1``: the input itself)."""
+    (``(idx, num)`` like the input's; ``splits == 1``: the input itself). On CUDA one Triton
+    launch (``kernels/triton/kv_range_lists``); elsewhere (and as its reference) the torch ops
+    below. Slots past a list's count differ between the two (never read)."""
     if splits == 1:
         return [(q2k_idx, q2k_num)]
+    if q2k_idx.is_cuda:
+        return _split_lists_triton(q2k_idx, q2k_num, kvb, splits)
+    return _split_lists_torch(q2k_idx, q2k_num, kvb, splits)
+
+
+def _split_lists_triton(q2k_idx: torch.Tensor, q2k_num: torch.Tensor, kvb: int,
+                        splits: int) -> List[Tuple[torch.Tensor, torch.Tensor]]:
+    from ..kernels.triton.kv_range_lists import kv_range_lists
+
+    idx = q2k_idx.to(torch.int32).contiguous()
+    num = q2k_num.to(torch.int32).contiguous()
+    w = idx.shape[-1]
+    out = torch.empty((splits - 1,) + tuple(idx.shape), dtype=torch.int32, device=idx.device)
+    cnt = torch.empty((splits,) + tuple(num.shape), dtype=torch.int32, device=idx.device)
+    kv_range_lists(idx.view(-1, w), num.view(-1), kvb, splits, out.view(splits - 1, -1, w),
+                   cnt.view(splits, -1))
+    return [(idx, cnt[0])] + [(out[s - 1], cnt[s]) for s in range(1, splits)]
+
+
+def _split_lists_torch(q2k_idx: torch.Tensor, q2k_num: torch.Tensor, kvb: int,
+                       splits: int) -> List[Tuple[torch.Tensor, torch.Tensor]]:
     w = q2k_idx.shape[-1]
     slots = torch.arange(w, device=q2k_idx.device, dtype=torch.int32)
     num = q2k_num.clamp(0, w)

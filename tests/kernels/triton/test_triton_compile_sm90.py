@@ -21,6 +21,7 @@ triton = pytest.importorskip("triton")
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
+from fastvideo_cute.kernels.triton import kv_range_lists as KR  # noqa: E402
 from fastvideo_cute.kernels.triton import vsa_coarse_bwd as CB  # noqa: E402
 from fastvideo_cute.kernels.triton import vsa_coarse_fwd2 as CF2  # noqa: E402
 from fastvideo_cute.kernels.triton import vsa_compress as C  # noqa: E402
@@ -31,12 +32,13 @@ from fastvideo_cute.kernels.triton import vsa_topk_radix as TR  # noqa: E402
 _INT_POINTERS = {"KV_SIZES", "IDX", "NUM", "Q_SIZES"}
 _BF16_POINTERS = {"Q", "K", "V", "KO", "VO", "OS", "G", "OUT"}  # the glue's bf16 model tensors (OUT of the gate)
 _FLOATS = {"sm_scale"}
-_INTS = {"Qb", "KVb", "D", "NQT", "K", "R", "H", "NT"}  # sizes (the other upper-case names are pointers)
+_INTS = {"Qb", "KVb", "D", "NQT", "K", "R", "H", "NT", "W", "KVB"}  # sizes (the other upper-case names are pointers)
 
 
 def _signature(kernel, constexprs):
     sig = {}
     bf16 = kernel in (C._vsa_compress_fwd_kernel, G._vsa_gate_fwd_kernel)
+    ints_only = kernel is KR._kv_range_lists_kernel  # every pointer int32
     for name, param in inspect.signature(kernel.fn).parameters.items():
         if "constexpr" in str(param.annotation):
             sig[name] = "constexpr"
@@ -45,7 +47,7 @@ def _signature(kernel, constexprs):
         elif bf16 and name in _BF16_POINTERS:
             sig[name] = "*bf16"
         elif name.isupper() and name not in _INTS:
-            sig[name] = "*i32" if name in _INT_POINTERS else "*fp32"
+            sig[name] = "*i32" if name in _INT_POINTERS or ints_only else "*fp32"
         else:
             sig[name] = "i32"
     missing = [n for n, t in sig.items() if t == "constexpr" and n not in constexprs]
@@ -112,6 +114,9 @@ def _cases():
     for nb in (1, 4):
         yield (f"gate-nb{nb}", G._vsa_gate_fwd_kernel,
                dict(BLOCK=64, BLOCK_T=64, BLOCK_D=128, HAS_GATE=True, NB=nb, EVICT="evict_first"), 8)
+    # the sm90 forward's kv-range lists (Wan-14B: 180 entries per row -> 256 lanes; 2 and 3 ranges)
+    for splits in (2, 3):
+        yield f"kv-ranges-s{splits}", KR._kv_range_lists_kernel, dict(SPLITS=splits, ROWS=4, BLOCK_W=256), 4
 
 
 # d=128 with tf32x3 is what runs on the H200; the rest is breadth, kept to one precision per size
@@ -120,7 +125,8 @@ _PICK = {"bwd-a-d128-tf32x3", "bwd-b-d128-tf32x3", "bwd-fused-d128-tf32x3", "fwd
          "topk-rows1w1x", "topk-rows4w4x", "topk-rows2w1", "fwd-64x32w4s2-tf32x3", "fwd-64x64w4s1-tf32x3",
          "topk-bisectw1-624", "topk-bisectw1-1800", "topk-bisectw2-1800", "topk-radixw1x-624", "topk-radixw4-1800",
          "fwd2-p1-d128-tf32x3", "fwd2-p2-d128-tf32x3", "fwd2-p1-d256-ieee",
-         "combine-s2", "compress-fused", "compress-split", "compress-preload", "compress-split-write", "gate-nb1", "gate-nb4"}
+         "combine-s2", "compress-fused", "compress-split", "compress-preload", "compress-split-write", "gate-nb1", "gate-nb4",
+         "kv-ranges-s2", "kv-ranges-s3"}
 CASES = [c for c in _cases() if c[0] in _PICK]
 # num_stages of the cases launched with one (the rest: Triton's default)
 _STAGES = {f"fwd2-{p}-d{d}-{prec}": cfg[4] for d in (128, 256) for p, cfg in zip(("p1", "p2"), CF2.coarse_fwd2_tiles(d))
