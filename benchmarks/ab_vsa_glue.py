@@ -59,6 +59,8 @@ CONFIGS = {
     "sm90-kv2": {"backends.sm90_backend._KV_SPLITS": 2},
     "sm90-kv3": {"backends.sm90_backend._KV_SPLITS": 3},
     "sm90-kv4": {"backends.sm90_backend._KV_SPLITS": 4},
+    # the kv-range lists by one Triton launch (kernels/triton/kv_range_lists) instead of the torch ops
+    "sm90-lists-triton": {"adapters.cute_sm90_fwd64._TRITON_LISTS": True},
     # (--mode fwdbwd) the training forward with the gate pass instead of the fused gate + out_s
     "no-train-gate": {"vsa_autograd._TRAIN_GATE_FUSED": False},
     # (--mode fwdbwd) the coarse attention's backward with its gradient products in tf32x3 (before

@@ -181,17 +181,25 @@ def sm90_fwd64(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q2k_idx: torch
     return out, lse
 
 
+#: the kv-range lists by one Triton launch on CUDA instead of ~11 torch launches (~270 us a call at
+#: Wan2.1-14B 720p). Off until it has run on a GPU: verified under the interpreter against the torch
+#: ops and compiled for sm_90 on CPU (2026-12-03); its GPU test is in
+#: tests/kernels/cute/test_block_sparse_fwd64_sm90_kvsplit_gpu.py and benchmarks/ab_vsa_glue.py's
+#: "sm90-lists-triton" measures it end to end.
+_TRITON_LISTS = False
+
+
 def split_lists_by_kv_range(q2k_idx: torch.Tensor, q2k_num: torch.Tensor, kvb: int,
                             splits: int) -> List[Tuple[torch.Tensor, torch.Tensor]]:
     """The q2k lists (ascending; int32 ``[B, H, Qb, W]`` and counts ``[B, H, Qb]``) cut into
     ``splits`` lists by kv range: range ``s`` is tiles ``[ceil(s * kvb / splits), ceil((s + 1) *
     kvb / splits))``; list ``s`` holds each row's entries in it, in order, from its first slot
-    (``(idx, num)`` like the input's; ``splits == 1``: the input itself). On CUDA one Triton
-    launch (``kernels/triton/kv_range_lists``); elsewhere (and as its reference) the torch ops
-    below. Slots past a list's count differ between the two (never read)."""
+    (``(idx, num)`` like the input's; ``splits == 1``: the input itself). The torch ops below;
+    with ``_TRITON_LISTS`` on CUDA one Triton launch (``kernels/triton/kv_range_lists``; slots past
+    a list's count differ between the two, never read)."""
     if splits == 1:
         return [(q2k_idx, q2k_num)]
-    if q2k_idx.is_cuda:
+    if _TRITON_LISTS and q2k_idx.is_cuda:
         return _split_lists_triton(q2k_idx, q2k_num, kvb, splits)
     return _split_lists_torch(q2k_idx, q2k_num, kvb, splits)
 

@@ -100,3 +100,25 @@ def test_nan_query_row_propagates_through_the_merge():
     out, lse = sm90_fwd64(q, k, v, idx, num, sizes, bshd=False, kv_splits=2)
     assert torch.isnan(out[0, 0, 200]).all() and torch.isnan(lse[0, 0, 200])
     assert torch.isfinite(out[0, 0, 201]).all() and torch.isfinite(lse[0, 0, 201])
+
+
+@pytest.mark.parametrize("splits", [2, 3, 4])
+def test_triton_lists_match_the_torch_ops(splits, monkeypatch):
+    """``_TRITON_LISTS`` (kernels/triton/kv_range_lists, off until this passes on a GPU): the same
+    counts and the same entries up to each count as the torch ops, and the split forward with them
+    bitwise the one with the torch lists."""
+    from fastvideo_cute.adapters import cute_sm90_fwd64 as A
+
+    q, k, v, bm, sizes, idx, num = _case(False, seed=9)
+    kvb = k.shape[2] // 64
+    want = A._split_lists_torch(idx, num, kvb, splits)
+    got = A._split_lists_triton(idx, num, kvb, splits)
+    for (gi, gn), (wi, wn) in zip(got, want):
+        assert torch.equal(gn, wn)
+        slots = torch.arange(idx.shape[-1], device="cuda")
+        keep = slots < wn[..., None]
+        assert torch.equal(torch.where(keep, gi, 0), torch.where(keep, wi, 0))
+    ref = sm90_fwd64(q, k, v, idx, num, sizes, bshd=False, kv_splits=splits)
+    monkeypatch.setattr(A, "_TRITON_LISTS", True)
+    out = sm90_fwd64(q, k, v, idx, num, sizes, bshd=False, kv_splits=splits)
+    assert torch.equal(out[0], ref[0]) and torch.equal(out[1], ref[1])
