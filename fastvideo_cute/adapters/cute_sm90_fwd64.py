@@ -237,6 +237,7 @@ def _split_lists_torch(q2k_idx: torch.Tensor, q2k_num: torch.Tensor, kvb: int,
     return out
 
 
+#: one head's K/V past this share of the L2 is split. The H200 (60 MiB of L2 as the driver reports it):
 #: the kernel over half the kv range ran 1.09x faster with 45 MiB of K/V per head and 1.02x with 32 MiB
 #: (benchmarks/results/kv_working_set_h200.json); end to end at Wan2.1-14B 720p (45 MiB per head) two
 #: ranges were faster in every interleaved round (ab_vsa_glue_h200_kv_14b*.json). 0.6 splits 45 MiB,
@@ -257,9 +258,9 @@ def auto_kv_splits(device: torch.device, q_len: int, kv_len: int, head_dim: int,
                    lists_width: int) -> int:
     """When one head's K/V (``kv_len`` x ``head_dim`` x 2 tensors) exceed ``KV_SPLIT_L2_SHARE`` of
     the device's L2, the fewest ranges (at least 2, at most ``KV_SPLITS_MAX``) whose K/V each fit
-    ``KV_RANGE_L2_SHARE`` of it, provided each head has at least three waves of query tiles (three CTAs per SM; fewer would put
-    several heads in one wave, a footprint this rule does not model) and the lists are at least 32
-    wide; else 1."""
+    ``KV_RANGE_L2_SHARE`` of it, provided each head has at least three waves of query tiles (three
+    CTAs per SM; fewer would put several heads in one wave, a footprint this rule does not model)
+    and the lists are at least 32 wide; else 1."""
     if device.type != "cuda" or lists_width < 32:
         return 1
     l2, sms = _props(device.index if device.index is not None else torch.cuda.current_device())
