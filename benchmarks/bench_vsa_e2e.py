@@ -25,6 +25,7 @@ import argparse
 import json
 import math
 import re
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -52,6 +53,10 @@ def parse_args(argv=None):
     p.add_argument("--profile", action="store_true", help="glue share of ours from torch.profiler")
     p.add_argument("--warmup", type=int, default=25)
     p.add_argument("--rep", type=int, default=100)
+    p.add_argument("--rounds", type=int, default=1,
+                   help="time every entry of a call this many times, interleaved (ours, FastVideo, dense, then "
+                        "again), and report the median with the per-round times and ratios: drift between "
+                        "entries measured minutes apart (clocks, FastVideo's own spread) hits every entry alike")
     p.add_argument("--compress-config", default=None,
                    help="JSON config of the block-means kernel (vsa_ops._COMPRESS_CONFIG, e.g. "
                         "'{\"mode\": \"split\", \"num_warps\": 1}'; default: the library's), recorded in the JSON config")
@@ -114,7 +119,9 @@ class Bench:
 
         return float(do_bench(fn, warmup=self.args.warmup, rep=self.args.rep, grad_to_none=grad_to_none))
 
-    def run(self, entry, p, mode):
+    def run(self, entry, p, mode, profile=True):
+        """Time ``entry`` on problem ``p`` in ``mode``; records (and returns) one row. ``profile``:
+        with ``--profile``, also the glue breakdown of ours (the first round only)."""
         torch = self.torch
         extra = {}
         if entry.startswith("ours"):
@@ -130,7 +137,7 @@ class Bench:
                 ms = self._timed(call, p, mode)
                 extra["served_by"] = sorted({f"{n}:{d}" for (n, d), c in ops.dispatch_counts.items()
                                              if c != before[(n, d)]})
-                if self.args.profile and entry in ("ours", "ours-cudnn"):
+                if profile and self.args.profile and entry in ("ours", "ours-cudnn"):
                     extra["profile"] = self._profile(call, p, mode)
         elif entry == "fastvideo":
             from bench_vsa import _Skip, _import_fastvideo
@@ -219,6 +226,18 @@ class Bench:
         return r
 
 
+def merge_rounds(rows):
+    """One row from an entry's rows of several interleaved rounds: the first failure if any round
+    failed, else the first round's row with ``ms`` the median and ``ms_rounds`` every round's."""
+    bad = next((r for r in rows if r["status"] != "ok"), None)
+    if bad is not None or len(rows) == 1:
+        return bad or rows[0]
+    out = dict(rows[0])
+    out["ms_rounds"] = [r["ms"] for r in rows]
+    out["ms"] = statistics.median(out["ms_rounds"])
+    return out
+
+
 def add_speedups(rows):
     by = {}
     for r in rows:
@@ -232,6 +251,8 @@ def add_speedups(rows):
             o = by.get(key + (other,))
             if o and o is not r:
                 r[f"speedup_vs_{other}"] = o["ms"] / r["ms"]
+                if len(r.get("ms_rounds", ())) > 1 and len(o.get("ms_rounds", ())) == len(r["ms_rounds"]):
+                    r[f"speedup_vs_{other}_rounds"] = [a / b for a, b in zip(o["ms_rounds"], r["ms_rounds"])]
 
 
 def plot(rows, path, title):
@@ -310,12 +331,16 @@ def main(argv=None):
             for sp in args.sparsity:
                 p = Problem(PRESETS[name], tile, sp)
                 for mode in args.modes:
-                    for entry in args.entries:
-                        try:
-                            bench.run(entry, p, mode)
-                        except Exception as e:  # noqa: BLE001 - recorded, the run goes on
-                            bench._row(entry, p, mode, "error", reason=f"{type(e).__name__}: {e}"[:400])
-                        torch.cuda.empty_cache()
+                    per_entry = {entry: [] for entry in args.entries}
+                    for rnd in range(args.rounds):
+                        for entry in args.entries:
+                            try:
+                                bench.run(entry, p, mode, profile=rnd == 0)
+                            except Exception as e:  # noqa: BLE001 - recorded, the run goes on
+                                bench._row(entry, p, mode, "error", reason=f"{type(e).__name__}: {e}"[:400])
+                            per_entry[entry].append(bench.rows.pop())
+                            torch.cuda.empty_cache()
+                    bench.rows += [merge_rounds(rows) for rows in per_entry.values()]
                 del p
     add_speedups(bench.rows)
     payload = {"schema": 1, "name": args.name, "env": environment(), "config": vars(args),
@@ -326,9 +351,11 @@ def main(argv=None):
     print("\nsummary")
     for r in bench.rows:
         if r["status"] == "ok" and r["entry"].startswith("ours"):
+            rounds = r.get("speedup_vs_fastvideo_rounds")
             print(f"  {r['entry']} {r['preset']} tile={r['tile']} s={r['sparsity']} {r['mode']}: {r['ms']:.3f} ms, "
                   f"x{r.get('speedup_vs_dense-fa4', float('nan')):.2f} vs dense FA4 (ideal x{r['ideal_speedup_vs_dense']:.2f}), "
                   f"x{r.get('speedup_vs_fastvideo', float('nan')):.2f} vs FastVideo"
+                  + (f" (rounds {min(rounds):.2f}-{max(rounds):.2f})" if rounds else "")
                   + (f", glue {r['profile']['glue_share'] * 100:.1f}%" if r.get("profile") else ""))
     print(f"results: {out}")
     if args.plot:

@@ -111,3 +111,24 @@ def test_e2e_glue_options_in_help():
     assert out.returncode == 0, out.stderr
     for flag in ("--coarse-overlap", "--compress-config", "--coarse-variant"):
         assert flag in out.stdout
+
+
+def _row(entry, ms, status="ok"):
+    return {"entry": entry, "preset": "p", "tile": [4, 4, 4], "sparsity": 0.875, "mode": "fwd", "status": status,
+            "ms": ms, "reason": None if status == "ok" else "boom"}
+
+
+def test_e2e_rounds_take_the_median_and_keep_every_round():
+    e2e = _load("bench_vsa_e2e")
+    assert e2e.parse_args([]).rounds == 1 and e2e.parse_args(["--rounds", "3"]).rounds == 3
+    ours = e2e.merge_rounds([_row("ours", 2.0), _row("ours", 1.0), _row("ours", 4.0)])
+    fv = e2e.merge_rounds([_row("fastvideo", 3.0), _row("fastvideo", 2.6), _row("fastvideo", 4.4)])
+    assert ours["ms"] == 2.0 and ours["ms_rounds"] == [2.0, 1.0, 4.0]
+    e2e.add_speedups([ours, fv])
+    assert ours["speedup_vs_fastvideo"] == 3.0 / 2.0
+    assert ours["speedup_vs_fastvideo_rounds"] == [1.5, 2.6, 1.1]
+    # one round: the row itself (no per-round lists); a failed round: the failure
+    single = _row("ours", 2.0)
+    assert e2e.merge_rounds([single]) is single and "ms_rounds" not in single
+    bad = _row("ours", None, status="error")
+    assert e2e.merge_rounds([_row("ours", 2.0), bad])["status"] == "error"
