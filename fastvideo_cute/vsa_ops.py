@@ -52,7 +52,8 @@ _KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _IN_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _HAS_TRITON: Optional[bool] = None
 # tl.dot input_precision of the coarse attention kernels on a GPU (the forward, and S in the
-# backward; the backward's gradient products: _COARSE_BWD_GRAD_PRECISION below): "tf32x3" (three TF32 tensor-core products, ~fp32 accuracy: the GPU tests compare the selection
+# backward; the backward's gradient products: _COARSE_BWD_GRAD_PRECISION below): "tf32x3" (three
+# TF32 tensor-core products, ~fp32 accuracy: the GPU tests compare the selection
 # with the fp32 reference at Wan-14B 720p size) measured 1.1x faster end to end than plain fp32
 # "ieee" on the H200 (benchmarks/results/vsa_e2e_h200_tf32x3.json vs vsa_e2e_h200.json); the
 # interpreter (CPU tensors) runs "ieee".

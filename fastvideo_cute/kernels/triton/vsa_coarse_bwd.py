@@ -36,8 +36,8 @@ head_dim (swept on the H200 at head_dim 128); the helper's ``tiles=`` keyword ov
 Every output element (gradients and scratch) is written by one program, summed in a fixed order:
 deterministic, no atomics. fp32 throughout; ``S = qc kc^T`` (from which P is recomputed against the
 forward's LSE) uses ``input_precision=precision`` (``"ieee"`` by default), the four gradient
-products ``grad_precision`` (default: ``precision``). Outputs are fp32 contiguous ``[B, H, n, D]``, written into
-caller-allocated tensors on the current CUDA device. This module does not import torch.
+products ``grad_precision`` (default: ``precision``). Outputs are fp32 contiguous ``[B, H, n, D]``,
+written into caller-allocated tensors on the current CUDA device. This module does not import torch.
 """
 
 from __future__ import annotations
