@@ -14,7 +14,7 @@ registers: the row's valid entries, the count below each boundary (a compare and
 per later range one load of the row shifted by its first entry's slot and one store. The input
 is read once per range (from the L2 after the first), no host sync, no atomics. Written to replace
 eleven torch launches (~270 us at Wan2.1-14B 720p with two ranges, ``vsa_e2e_h200_v23.json``'s
-profile); used only with ``adapters.cute_sm90_fwd64._TRITON_LISTS`` (off until it has run on a GPU).
+profile); used with ``adapters.cute_sm90_fwd64._TRITON_LISTS`` (on since its GPU test passed on the H200).
 This module does not import torch; the launch helper writes into caller-allocated tensors (CPU
 tensors under ``TRITON_INTERPRET=1``).
 """

@@ -104,7 +104,7 @@ def test_nan_query_row_propagates_through_the_merge():
 
 @pytest.mark.parametrize("splits", [2, 3, 4])
 def test_triton_lists_match_the_torch_ops(splits, monkeypatch):
-    """``_TRITON_LISTS`` (kernels/triton/kv_range_lists, off until this passes on a GPU): the same
+    """``_TRITON_LISTS`` (kernels/triton/kv_range_lists, on by default since this passed on the H200): the same
     counts and the same entries up to each count as the torch ops, and the split forward with them
     bitwise the one with the torch lists."""
     from fastvideo_cute.adapters import cute_sm90_fwd64 as A
@@ -118,6 +118,7 @@ def test_triton_lists_match_the_torch_ops(splits, monkeypatch):
         slots = torch.arange(idx.shape[-1], device="cuda")
         keep = slots < wn[..., None]
         assert torch.equal(torch.where(keep, gi, 0), torch.where(keep, wi, 0))
+    monkeypatch.setattr(A, "_TRITON_LISTS", False)
     ref = sm90_fwd64(q, k, v, idx, num, sizes, bshd=False, kv_splits=splits)
     monkeypatch.setattr(A, "_TRITON_LISTS", True)
     out = sm90_fwd64(q, k, v, idx, num, sizes, bshd=False, kv_splits=splits)
