@@ -214,8 +214,11 @@ def fa4_block_sparse_fwd_prebuilt(q, k, v, meta: FA4Metadata, *, softmax_scale: 
 
 
 def fa4_block_sparse_bwd_prebuilt(q, k, v, out, dout, lse, meta: FA4Metadata, *,
-                                  softmax_scale: Optional[float] = None):
-    """FA4 backward with metadata from :func:`build_bwd_metadata` (no checks: the kernels only)."""
+                                  softmax_scale: Optional[float] = None, dq=None, dk=None, dv=None):
+    """FA4 backward with metadata from :func:`build_bwd_metadata` (no checks: the kernels only).
+    ``dq`` / ``dk`` / ``dv``: caller-allocated BSHD gradients, any strides with a contiguous last
+    dim (e.g. the ``transpose(1, 2)`` views of BHSD tensors), written in place and returned; None:
+    FA4 allocates them ``empty_like`` its q / k / v."""
     fa = load_fa4()
     grads = fa.bwd(
         q, k, v, out, dout, lse,
@@ -224,6 +227,7 @@ def fa4_block_sparse_bwd_prebuilt(q, k, v, out, dout, lse, meta: FA4Metadata, *,
         mask_mod=fa.mask_mod(meta.plan.kv_tile),
         aux_tensors=[meta.kv_tile_sizes],
         block_sparse_tensors=_to_fa4(fa, meta.index),
+        dq=dq, dk=dk, dv=dv,
     )
     return grads[0], grads[1], grads[2]
 
