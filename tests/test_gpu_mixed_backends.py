@@ -30,16 +30,10 @@ PAIRS = [(128, "fa4", "triton"), (128, "triton", "fa4"), (128, "cudnn", "triton"
          (128, "sm90", "cudnn"), (128, "sm90", "fa4"), (256, "sm90", "fa4"), (256, "sm90", "triton")]
 
 
-@pytest.mark.parametrize("block,fwd,bwd", PAIRS)
-@pytest.mark.parametrize("bshd", [False, True])
-def test_forward_and_backward_on_different_backends(tmp_path, monkeypatch, block, fwd, bwd, bshd):
-    torch.manual_seed(7)
-    b, h, d, nb = 2, 2, 128, 4
-    shape = (b, nb * block, h, d) if bshd else (b, h, nb * block, d)
-    q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
-    sizes = torch.tensor([block, block // 2 + 6, 0, block], dtype=torch.int32, device="cuda")
-    m = torch.rand(b, h, nb, nb, device="cuda") < 0.6
-    m[0, 1, 2] = False  # a row with no block
+def _route_pair(tmp_path, monkeypatch, q, k, block, fwd, bwd, bshd):
+    """A route table that sends this call's forward to ``fwd`` and its backward to ``bwd`` (skips
+    when either cannot serve or is not verified on this GPU); returns the public function."""
+    d = q.shape[-1]
     info = call_info(q, k, block, True, bshd, True, None)
     # what the router asks each backend (routes._direction_call): the forward direction of a
     # training call with an LSE, the backward the whole call
@@ -59,9 +53,22 @@ def test_forward_and_backward_on_different_backends(tmp_path, monkeypatch, block
     monkeypatch.setenv(route_table.TABLE_ENV, str(path))
     for var in ("FASTVIDEO_VSA_TRITON", "FASTVIDEO_VSA_CUTEDSL", "FASTVIDEO_VSA_BACKEND"):
         monkeypatch.delenv(var, raising=False)
-    fn = {(64, False): fvc.block_sparse_attn, (64, True): fvc.block_sparse_attn_bshd,
-          (128, False): fvc.block_sparse_attn_128, (128, True): fvc.block_sparse_attn_128_bshd,
-          (256, False): fvc.block_sparse_attn_256, (256, True): fvc.block_sparse_attn_256_bshd}[(block, bshd)]
+    return {(64, False): fvc.block_sparse_attn, (64, True): fvc.block_sparse_attn_bshd,
+            (128, False): fvc.block_sparse_attn_128, (128, True): fvc.block_sparse_attn_128_bshd,
+            (256, False): fvc.block_sparse_attn_256, (256, True): fvc.block_sparse_attn_256_bshd}[(block, bshd)]
+
+
+@pytest.mark.parametrize("block,fwd,bwd", PAIRS)
+@pytest.mark.parametrize("bshd", [False, True])
+def test_forward_and_backward_on_different_backends(tmp_path, monkeypatch, block, fwd, bwd, bshd):
+    torch.manual_seed(7)
+    b, h, d, nb = 2, 2, 128, 4
+    shape = (b, nb * block, h, d) if bshd else (b, h, nb * block, d)
+    q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    sizes = torch.tensor([block, block // 2 + 6, 0, block], dtype=torch.int32, device="cuda")
+    m = torch.rand(b, h, nb, nb, device="cuda") < 0.6
+    m[0, 1, 2] = False  # a row with no block
+    fn = _route_pair(tmp_path, monkeypatch, q, k, block, fwd, bwd, bshd)
     before = ops.dispatch_counts.copy()
     out, lse = fn(q, k, v, m, sizes)
     dout = torch.randn_like(out)
@@ -75,3 +82,50 @@ def test_forward_and_backward_on_different_backends(tmp_path, monkeypatch, block
     print(f"\n[{fwd}>{bwd} bshd={bshd}] " + " ".join(f"{e:.2e}" for e in errs))
     assert errs[0] < OUT_TOL and max(errs[1:]) < GRAD_TOL
     assert torch.equal(torch.isneginf(lse), ~torch.isfinite(ref_lse))
+
+
+# The pairs whose backward reads partial kv tiles whole (FA4, cuDNN: padding-zeroed copies), with the
+# forward before each that the route table pairs it with or that shares the copies (fa4 > fa4).
+POISON_PAIRS = [(128, "sm90", "fa4"), (256, "sm90", "fa4"), (128, "fa4", "fa4"), (64, "sm90", "cudnn"),
+                (128, "cudnn", "cudnn")]
+
+
+@pytest.mark.parametrize("block,fwd,bwd", POISON_PAIRS)
+@pytest.mark.parametrize("bshd", [False, True])
+def test_nan_inf_padding_reaches_no_output_and_no_gradient(tmp_path, monkeypatch, block, fwd, bwd, bshd):
+    """NaN in K's padding rows and Inf in V's (positions past each kv block's size): the output and
+    all three gradients stay finite and match the fp32 reference on the finite inputs; padded keys
+    get dk = dv = 0 exactly; the gradients come back contiguous in the call layout."""
+    torch.manual_seed(11)
+    b, h, d, nb = 1, 2, 128, 3
+    shape = (b, nb * block, h, d) if bshd else (b, h, nb * block, d)
+    sizes = torch.tensor([block // 2 + 3, block, 17], dtype=torch.int32, device="cuda")
+    pos = torch.arange(nb * block, device="cuda")
+    pad = (pos % block) >= sizes.repeat_interleave(block)  # [S]: padding rows
+    pad_v = pad.view(1, -1, 1, 1) if bshd else pad.view(1, 1, -1, 1)
+    q = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
+    k_fin = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
+    v_fin = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
+    k = torch.where(pad_v, float("nan"), k_fin)
+    v = torch.where(pad_v, float("inf"), v_fin)
+    q, k, v = (x.requires_grad_(True) for x in (q, k, v))
+    m = torch.rand(b, h, nb, nb, device="cuda") < 0.7
+    m[0, :, :, 2] = True  # every row sees the most-padded block
+    fn = _route_pair(tmp_path, monkeypatch, q, k, block, fwd, bwd, bshd)
+    before = ops.dispatch_counts.copy()
+    out, lse = fn(q, k, v, m, sizes)
+    dout = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    ran = {key: n - before[key] for key, n in ops.dispatch_counts.items() if n != before[key]}
+    assert ran == {(fwd, "fwd"): 1, (bwd, "bwd"): 1}, ran
+    assert torch.isfinite(out).all() and all(torch.isfinite(g).all() for g in grads)
+    for g, x in zip(grads, (q, k, v)):
+        assert g.shape == x.shape and g.is_contiguous(), (g.shape, g.stride())
+    assert (grads[1][pad_v.expand_as(grads[1])] == 0).all() and (grads[2][pad_v.expand_as(grads[2])] == 0).all()
+    tb = (lambda x: x.transpose(1, 2)) if bshd else (lambda x: x)
+    qr, kr, vr = (x.detach().clone().requires_grad_(True) for x in (q, k_fin, v_fin))
+    ref, _ = block_sparse_attn_reference(tb(qr), tb(kr), tb(vr), m, sizes, block)
+    refg = torch.autograd.grad(ref, (qr, kr, vr), tb(dout).float())
+    errs = [_nerr(tb(out), ref)] + [_nerr(g, r) for g, r in zip(grads, refg)]
+    print(f"\n[poisoned {fwd}>{bwd} bshd={bshd}] " + " ".join(f"{e:.2e}" for e in errs))
+    assert errs[0] < OUT_TOL and max(errs[1:]) < GRAD_TOL
