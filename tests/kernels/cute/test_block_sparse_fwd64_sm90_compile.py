@@ -202,14 +202,10 @@ def _serialised_wgmma(sass: str) -> int:
                                     {"partial_loads": True, "head_dim": 64},
                                     {"fuse_gate": True, "store_out_s": True}, {"merge_prev": True},
                                     {"merge_prev": True, "fuse_gate": True},
-                                    {"merge_prev": True, "fuse_gate": True, "store_out_s": True},
-                                    {"sum_mma": True}, {"sum_mma": True, "fuse_gate": True, "store_out_s": True},
-                                    {"sum_mma": True, "merge_prev": True}, {"sum_mma": True, "lazy_rescale": False},
-                                    {"sum_mma": True, "head_dim": 64}],
+                                    {"merge_prev": True, "fuse_gate": True, "store_out_s": True}],
                          ids=["default", "eager", "q64", "q112", "q112-gate", "q128-c2", "d64-q64", "novote",
                               "gate", "partial", "partial-gate", "partial-d64", "gate-train", "merge", "merge-gate",
-                              "merge-gate-train", "summma", "summma-gate-train", "summma-merge", "summma-eager",
-                              "summma-d64"])
+                              "merge-gate-train"])
 def test_register_and_pipeline_variants_keep_wgmma_pipelined(config):
     """The rescale and Q-in-registers options build with no spill and with their wgmmas pipelined:
     a conditional rescale of O beside a wgmma in flight, or a spilled Q fragment, made ptxas
@@ -240,18 +236,3 @@ def test_full_q_in_registers_at_three_ctas_is_serialised():
     and the option's limit can move)."""
     report = _variant_report(expect=("HGMMA",), forbid=(), q_regs=128)
     assert report.spill > 0 and _serialised_wgmma(report.sass) > 30, report.line
-
-
-def test_sum_mma_sums_p_on_the_tensor_pipe():
-    """``sum_mma``: P's row sums come from a wgmma of P with a 64 x 8 ones tile in the P V group (4
-    k-steps at each of the four P V issue sites: loop and drain, full and partial), and the row-sum
-    additions leave the FMA pipe (measured with nvidia-cutlass-dsl 4.8.1: 148 FADD in the default
-    build, 82 with the option)."""
-    base = _variant_report()
-    rep = _variant_report(sum_mma=True)
-    assert rep.ok and rep.spill == 0 and rep.regs <= 168, rep.line
-    shapes = re.findall(r"HGMMA\.(\d+x\d+x\d+)\.F32", rep.sass)
-    assert shapes.count("64x8x16") == 16, rep.line
-    assert re.findall(r"HGMMA\.(\d+x\d+x\d+)\.F32", base.sass).count("64x8x16") == 0
-    assert rep.count("FADD") < base.count("FADD") - 40, (rep.count("FADD"), base.count("FADD"))
-    assert _serialised_wgmma(rep.sass) <= 6, rep.line

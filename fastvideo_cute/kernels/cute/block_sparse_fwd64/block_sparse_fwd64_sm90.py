@@ -66,12 +66,6 @@ specialisation; the latency is hidden by three CTAs per SM, ``min_blocks_per_mp=
     the gate (``out = (w_prev * prev_o + w * out) / (w_prev + w)``, ``w = exp(lse - max)``, the
     merged LSE written over ``lse``; empty on both sides: 0 and -inf; a NaN on either side: NaN),
     so one head's resident K/V is one range's;
-  - ``sum_mma`` (a configuration, off): P's row sums by a wgmma of P (the bf16/fp16 fragment P V
-    reads) with a 64 x 8 ones tile in shared memory, in the P V group (one descriptor for every
-    k-step), instead of 32 FADDs per thread and step on the FMA pipe; the sums' accumulator is
-    rescaled with O. The output's weights then sum to exactly what P V multiplied (each row's
-    ``sum bf16(P)``), and the LSE is within 2^-8 (fp16: 2^-11) of the fp32 sum's, not ~1e-6:
-    a precision trade, measured for speed before it could become a default;
   - the pipeline is a configuration too (``k_stages`` 1-3 K slots, ``v_stages`` 2-3 V slots,
     ``ctas_per_sm``, ``stmatrix_epilogue``): with ``k_stages`` slots K[j + k_stages] is issued once
     S[j] retires, with three V slots V[j + 1] is issued at step j. The default (one K slot, two V
@@ -118,7 +112,6 @@ DTYPE_NAMES = ("float16", "bfloat16")
 BASE_ALIGN = 128
 THREADS = 128
 PV_STEP = 16  # keys per wgmma k-step of P V
-ONES_N = 8  # (sum_mma) columns of the ones tile: the narrowest wgmma N
 # (``lazy_rescale``) a row's reference max moves only when the row's max passes it by more than
 # this, in log2 units: P <= 2^8 (exact in bf16/fp16 to the same relative precision as P <= 1)
 RESCALE_THRESHOLD = 8.0
@@ -127,11 +120,10 @@ SMEM_PER_SM = 227 * 1024  # the H100/H200 shared memory a kernel may use per SM
 SMEM_RESERVED_PER_CTA = 1024  # the driver's per-CTA reservation
 
 
-def smem_bytes(head_dim: int, k_stages: int, v_stages: int, sum_mma: bool = False) -> int:
+def smem_bytes(head_dim: int, k_stages: int, v_stages: int) -> int:
     """Dynamic shared memory of one CTA: Q + the K and V rings (64 x D, 2 B each), barriers and the
-    1 KB alignment slack of the buffers (``sum_mma``: and the 1 KB ones tile)."""
-    ones = BLOCK * ONES_N * 2 if sum_mma else 0
-    return BLOCK * head_dim * 2 * (1 + k_stages + v_stages) + 8 * (2 + k_stages + v_stages) + 1024 + ones
+    1 KB alignment slack of the buffers."""
+    return BLOCK * head_dim * 2 * (1 + k_stages + v_stages) + 8 * (2 + k_stages + v_stages) + 1024
 
 
 @cute.jit
@@ -155,7 +147,7 @@ class BlockSparseFwd64Sm90(CuteKernel):
                  fuse_gate: bool = False, k_stages: int = 1, v_stages: int = 2, ctas_per_sm: int = 3,
                  stmatrix_epilogue: bool = False, q_regs: int = 0, lazy_rescale: bool = True,
                  lazy_vote: Optional[bool] = None, partial_loads: bool = False, store_out_s: bool = False,
-                 merge_prev: bool = False, sum_mma: bool = False):
+                 merge_prev: bool = False):
         if dtype not in DTYPE_NAMES:
             raise ValueError(f"dtype must be one of {DTYPE_NAMES}, got {dtype!r}")
         if head_dim not in HEAD_DIMS:
@@ -169,7 +161,7 @@ class BlockSparseFwd64Sm90(CuteKernel):
         if q_regs % 16 or not 0 <= q_regs <= head_dim:
             raise ValueError(f"q_regs (Q columns held in registers) must be a multiple of 16 in [0, head_dim], "
                              f"got {q_regs!r}")
-        need = ctas_per_sm * (smem_bytes(head_dim, k_stages, v_stages, sum_mma) + SMEM_RESERVED_PER_CTA)
+        need = ctas_per_sm * (smem_bytes(head_dim, k_stages, v_stages) + SMEM_RESERVED_PER_CTA)
         if need > SMEM_PER_SM:
             raise ValueError(f"k_stages={k_stages}, v_stages={v_stages} at head_dim {head_dim} need {need} B of "
                              f"shared memory for {ctas_per_sm} CTAs per SM; the SM has {SMEM_PER_SM}")
@@ -196,7 +188,6 @@ class BlockSparseFwd64Sm90(CuteKernel):
                              "the kernel's out is out_s")
         self.store_out_s = bool(store_out_s)
         self.merge_prev = bool(merge_prev)
-        self.sum_mma = bool(sum_mma)
 
     def config(self) -> Mapping[str, Any]:
         return {"dtype": self.dtype_name, "head_dim": self.head_dim, "has_block_sizes": self.has_block_sizes,
@@ -204,7 +195,7 @@ class BlockSparseFwd64Sm90(CuteKernel):
                 "ctas_per_sm": self.ctas_per_sm, "stmatrix_epilogue": self.stmatrix_epilogue,
                 "q_regs": self.q_regs, "lazy_rescale": self.lazy_rescale, "lazy_vote": self.lazy_vote,
                 "partial_loads": self.partial_loads, "store_out_s": self.store_out_s,
-                "merge_prev": self.merge_prev, "sum_mma": self.sum_mma}
+                "merge_prev": self.merge_prev}
 
     def fake_args(self) -> tuple:
         dt = _CUTE_DTYPES[self.dtype_name]
@@ -286,33 +277,15 @@ class BlockSparseFwd64Sm90(CuteKernel):
         mma_pv = sm90_helpers.make_trivial_tiled_mma(dt, dt, OperandMajorMode.K, OperandMajorMode.MN, Float32,
                                                      (1, 1, 1), tiler_mn=(BLOCK, d),
                                                      a_source=warpgroup.OperandSource.RMEM)
-        # (sum_mma) P times a 64 x 8 ones tile beside P V: every column of the product is P's row sum
-        mma_l, sOnes_layout = mma_pv, sQ_layout  # (placeholders without sum_mma, never used)
-        if const_expr(self.sum_mma):
-            mma_l = sm90_helpers.make_trivial_tiled_mma(dt, dt, OperandMajorMode.K, OperandMajorMode.K, Float32,
-                                                        (1, 1, 1), tiler_mn=(BLOCK, ONES_N),
-                                                        a_source=warpgroup.OperandSource.RMEM)
-            sOnes_layout = cute.tile_to_shape(k_atom, (ONES_N, BLOCK), order=(0, 1))
 
-        if const_expr(self.sum_mma):
-            @cute.struct
-            class SharedStorage:
-                bar_q: cute.struct.MemRange[cutlass.Int64, 1]
-                bar_k: cute.struct.MemRange[cutlass.Int64, self.k_stages]
-                bar_v: cute.struct.MemRange[cutlass.Int64, self.v_stages]
-                sQ: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sQ_layout)], 1024]
-                sK: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sK_layout)], 1024]
-                sV: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sV_layout)], 1024]
-                sOnes: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sOnes_layout)], 1024]
-        else:
-            @cute.struct
-            class SharedStorage:
-                bar_q: cute.struct.MemRange[cutlass.Int64, 1]
-                bar_k: cute.struct.MemRange[cutlass.Int64, self.k_stages]
-                bar_v: cute.struct.MemRange[cutlass.Int64, self.v_stages]
-                sQ: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sQ_layout)], 1024]
-                sK: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sK_layout)], 1024]
-                sV: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sV_layout)], 1024]
+        @cute.struct
+        class SharedStorage:
+            bar_q: cute.struct.MemRange[cutlass.Int64, 1]
+            bar_k: cute.struct.MemRange[cutlass.Int64, self.k_stages]
+            bar_v: cute.struct.MemRange[cutlass.Int64, self.v_stages]
+            sQ: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sQ_layout)], 1024]
+            sK: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sK_layout)], 1024]
+            sV: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sV_layout)], 1024]
 
         scale_log2 = softmax_scale * Float32(math.log2(math.e))
         grid = (cute.ceil_div(mQ.shape[0], BLOCK), mQ.shape[2], mQ.shape[3])
@@ -320,8 +293,7 @@ class BlockSparseFwd64Sm90(CuteKernel):
         self.kernel(
             tma_atom_Q, tma_Q, tma_atom_K, tma_K, tma_atom_V, tma_V, tma_atom_O, tma_O, tma_atom_G, tma_G, out_c,
             tma_atom_Os, tma_Os, prev_o, tma_atom_K16, tma_K16, tma_atom_V16, tma_V16, mLSE, mIdx, mNum, sizes,
-            sQ_layout, sK_layout, sV_layout, sOnes_layout, mma_qk, mma_qk_rs, mma_pv, mma_l, scale_log2,
-            SharedStorage,
+            sQ_layout, sK_layout, sV_layout, mma_qk, mma_qk_rs, mma_pv, scale_log2, SharedStorage,
         ).launch(grid=grid, block=(THREADS, 1, 1), smem=SharedStorage.size_in_bytes(), stream=stream,
                  # three CTAs per SM: ptxas caps a thread at 65536 / 384 registers; the full
                  # shared-memory carveout is asked for explicitly (it also keeps the build free of
@@ -367,8 +339,8 @@ class BlockSparseFwd64Sm90(CuteKernel):
                tma_atom_Os: cute.CopyAtom, mOs: cute.Tensor, mPrevO: cute.Tensor, tma_atom_K16: cute.CopyAtom, mK16: cute.Tensor, tma_atom_V16: cute.CopyAtom, mV16: cute.Tensor,
                mLSE: cute.Tensor, mIdx: cute.Tensor, mNum: cute.Tensor, mSizes,
                sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout, sV_layout: cute.ComposedLayout,
-               sOnes_layout: cute.ComposedLayout, mma_qk: cute.TiledMma, mma_qk_rs: cute.TiledMma,
-               mma_pv: cute.TiledMma, mma_l: cute.TiledMma, scale_log2: Float32, SharedStorage: cutlass.Constexpr):
+               mma_qk: cute.TiledMma, mma_qk_rs: cute.TiledMma, mma_pv: cute.TiledMma, scale_log2: Float32,
+               SharedStorage: cutlass.Constexpr):
         d = self.head_dim
         dt = _CUTE_DTYPES[self.dtype_name]
         tidx, _, _ = cute.arch.thread_idx()
@@ -409,16 +381,6 @@ class BlockSparseFwd64Sm90(CuteKernel):
         sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
-        sOnes = sQ  # (sum_mma) the ones tile: filled once, read by every step's row-sum wgmma
-        if const_expr(self.sum_mma):
-            sOnes = storage.sOnes.get_tensor(sOnes_layout.outer, swizzle=sOnes_layout.inner)
-            n_ones = cute.cosize(sOnes_layout.outer)
-            ones_flat = cute.make_tensor(storage.sOnes.data_ptr(), cute.make_layout(n_ones))
-            one = cute.make_rmem_tensor((n_ones // THREADS,), dt)
-            one.fill(1.0)
-            for i in cutlass.range_constexpr(n_ones // THREADS):  # (any order: every element is 1)
-                ones_flat[tidx * (n_ones // THREADS) + i] = one[i]
-            cute.arch.fence_proxy("async.shared", space="cta")  # visible to wgmma (the barrier below)
 
         gQ = cute.local_tile(mQ[None, None, h, b], (BLOCK, d), (qt, 0))
         gK = cute.local_tile(mK[None, None, h, b], (BLOCK, d), (None, 0))  # (64, D, kv tiles)
@@ -456,19 +418,11 @@ class BlockSparseFwd64Sm90(CuteKernel):
         acc_S = cute.make_rmem_tensor(thr_qk.partition_shape_C((BLOCK, BLOCK)), Float32)
         acc_O = cute.make_rmem_tensor(thr_pv.partition_shape_C((BLOCK, d)), Float32)
         acc_O.fill(0.0)
-        acc_L, tLrOnes = acc_O, tOrV  # (sum_mma) P's row sums (each of the 8 columns), the ones operand
-        if const_expr(self.sum_mma):
-            thr_l = mma_l.get_slice(tidx)
-            tLrOnes = thr_l.make_fragment_B(thr_l.partition_B(sOnes))
-            acc_L = cute.make_rmem_tensor(thr_l.partition_shape_C((BLOCK, ONES_N)), Float32)
-            acc_L.fill(0.0)
-        sums = (mma_l, acc_L, tLrOnes)
         tScS = layout_utils.reshape_acc_to_mn(thr_qk.partition_C(cute.make_identity_tensor((BLOCK, BLOCK))))
         tP_view = layout_utils.reshape_acc_to_frgA(acc_S)
         rP = cute.make_rmem_tensor_like(tP_view, dt)
         acc_S_mn = layout_utils.reshape_acc_to_mn(acc_S)
         acc_O_mn = layout_utils.reshape_acc_to_mn(acc_O)
-        acc_L_mn = layout_utils.reshape_acc_to_mn(acc_L)
         num_rows = cute.size(acc_O_mn, mode=[0])
         row_max = cute.make_rmem_tensor((num_rows,), Float32)
         row_sum = cute.make_rmem_tensor((num_rows,), Float32)
@@ -566,12 +520,12 @@ class BlockSparseFwd64Sm90(CuteKernel):
                 bar_k.wait(k_slot, (j // ks) % 2)
                 self.gemm_s(mma_qk, mma_qk_rs, acc_S, tSrQ, tSrQr, tSrK[None, None, None, k_slot])
                 if const_expr(not self.lazy_rescale):  # beside S[j] (lazy: after P V[j-1], below)
-                    self.rescale_o(acc_O_mn, acc_L_mn, alpha, num_rows)
+                    self.rescale_o(acc_O_mn, alpha, num_rows)
                 prev = (j - 1) % vs
                 bar_v.wait(prev, ((j - 1) // vs) % 2)
                 if keys_prev % PV_STEP != 0:
                     self.zero_v_padding(sV, prev, keys_prev, tidx)
-                self.gemm_pv(mma_pv, acc_O, rP, tOrV[None, None, None, prev], keys_prev, sums)
+                self.gemm_pv(mma_pv, acc_O, rP, tOrV[None, None, None, prev], keys_prev)
                 warpgroup.wait_group(1)  # S[j] retired; P V[j-1] may still run
                 if warp_idx == 0 and j + ks < count:
                     if const_expr(self.partial_loads):
@@ -586,9 +540,9 @@ class BlockSparseFwd64Sm90(CuteKernel):
                     # serialise every wgmma of the kernel (C7515)
                     if const_expr(self.lazy_vote):
                         if moved:  # (warp-uniform) some row of this warp moved its reference max
-                            self.rescale_o(acc_O_mn, acc_L_mn, alpha, num_rows)
+                            self.rescale_o(acc_O_mn, alpha, num_rows)
                     else:
-                        self.rescale_o(acc_O_mn, acc_L_mn, alpha, num_rows)
+                        self.rescale_o(acc_O_mn, alpha, num_rows)
                 rP.store(tP_view.load().to(dt))
                 keys_prev = keys_cur
 
@@ -598,11 +552,11 @@ class BlockSparseFwd64Sm90(CuteKernel):
                     self.load_gate(tma_atom_G, mG, sK, bar_k, tx["k"], count % ks, qt, h, b)
             last = (count - 1) % vs
             if const_expr(not self.lazy_rescale):  # (lazy: done at the end of the last step)
-                self.rescale_o(acc_O_mn, acc_L_mn, alpha, num_rows)
+                self.rescale_o(acc_O_mn, alpha, num_rows)
             bar_v.wait(last, ((count - 1) // vs) % 2)
             if keys_prev % PV_STEP != 0:
                 self.zero_v_padding(sV, last, keys_prev, tidx)
-            self.gemm_pv(mma_pv, acc_O, rP, tOrV[None, None, None, last], keys_prev, sums)
+            self.gemm_pv(mma_pv, acc_O, rP, tOrV[None, None, None, last], keys_prev)
             warpgroup.wait_group(0)
 
         else:
@@ -636,10 +590,7 @@ class BlockSparseFwd64Sm90(CuteKernel):
                 lse_prev[r] = mLSE[qt * BLOCK + tOcO_mn[r, 0][0], h, b]
             cute.arch.sync_warp()  # every lane of a row has read its LSE before one of them writes it
         for r in cutlass.range_constexpr(num_rows):
-            if const_expr(self.sum_mma):
-                total = acc_L_mn[r, 0]  # the row's whole sum (the wgmma summed over its 64 keys)
-            else:
-                total = cute.arch.warp_reduction_sum(row_sum[r], threads_in_group=4)
+            total = cute.arch.warp_reduction_sum(row_sum[r], threads_in_group=4)
             inv, lse, empty = finalize_row(row_max[r], total, scale_log2)
             if const_expr(self.merge_prev):
                 a_this, a_prev, lse = merge_weights(lse, lse_prev[r])
@@ -769,43 +720,24 @@ class BlockSparseFwd64Sm90(CuteKernel):
             warpgroup.commit_group()
 
     @cute.jit
-    def gemm_pv(self, tiled_mma: cute.TiledMma, acc: cute.Tensor, rP: cute.Tensor, tOrV: cute.Tensor, keys: Int32,
-                sums):
+    def gemm_pv(self, tiled_mma: cute.TiledMma, acc: cute.Tensor, rP: cute.Tensor, tOrV: cute.Tensor, keys: Int32):
         """O += P V over the k-steps (16 keys each) that hold a valid key. A full tile issues the
         four k-steps as one group; a partial one branches per k-step (uniform over the
-        warpgroup), which ptxas serialises, so only partial tiles pay for it. ``sums`` (``sum_mma``:
-        the ones tile's MMA, accumulator and operand): the same k-steps of P times the ones tile
-        join the group, adding P's row sums to the accumulator."""
+        warpgroup), which ptxas serialises, so only partial tiles pay for it."""
         if keys == BLOCK:
-            if const_expr(self.sum_mma):
-                self.gemm_partial(tiled_mma, acc, rP, tOrV, Int32(BLOCK), sums, full=True)
-            else:
-                self.gemm(tiled_mma, acc, rP, tOrV, zero_init=False)
+            self.gemm(tiled_mma, acc, rP, tOrV, zero_init=False)
         else:
-            self.gemm_partial(tiled_mma, acc, rP, tOrV, keys, sums)
+            self.gemm_partial(tiled_mma, acc, rP, tOrV, keys)
 
     @cute.jit
     def gemm_partial(self, tiled_mma: cute.TiledMma, acc: cute.Tensor, rP: cute.Tensor, tOrV: cute.Tensor,
-                     keys: Int32, sums, full: cutlass.Constexpr = False):
-        """The k-steps of P V (and, with ``sum_mma``, of P times the ones tile) below ``keys`` as one
-        wgmma group; ``full``: every k-step, no branch."""
+                     keys: Int32):
         warpgroup.fence()
         atom = cute.make_mma_atom(tiled_mma.op)
         atom.set(warpgroup.Field.ACCUMULATE, True)
-        mma_l, acc_L, tLrOnes = sums
-        atom_l = atom
-        if const_expr(self.sum_mma):
-            atom_l = cute.make_mma_atom(mma_l.op)
-            atom_l.set(warpgroup.Field.ACCUMULATE, True)
         for k in cutlass.range_constexpr(cute.size(rP.shape[2])):
-            if const_expr(full):
+            if k * PV_STEP < keys:
                 cute.gemm(atom, acc, rP[None, None, k], tOrV[None, None, k], acc)
-                if const_expr(self.sum_mma):  # (every k-step reads the same ones: one descriptor)
-                    cute.gemm(atom_l, acc_L, rP[None, None, k], tLrOnes[None, None, 0], acc_L)
-            elif k * PV_STEP < keys:
-                cute.gemm(atom, acc, rP[None, None, k], tOrV[None, None, k], acc)
-                if const_expr(self.sum_mma):
-                    cute.gemm(atom_l, acc_L, rP[None, None, k], tLrOnes[None, None, 0], acc_L)
         warpgroup.commit_group()
 
     @cute.jit
@@ -820,21 +752,15 @@ class BlockSparseFwd64Sm90(CuteKernel):
             cute.copy(thr_copy, src[None, None, k], dst[None, None, k])
 
     @cute.jit
-    def rescale_o(self, acc_O_mn: cute.Tensor, acc_L_mn: cute.Tensor, alpha: cute.Tensor,
-                  num_rows: cutlass.Constexpr):
-        """O's rows (and, ``sum_mma``, their sums') times their ratio; with ``lazy_rescale`` a row
-        whose ratio is exactly 1 (its reference max kept) is skipped (x * 1 == x: the same result
-        without the multiplies)."""
+    def rescale_o(self, acc_O_mn: cute.Tensor, alpha: cute.Tensor, num_rows: cutlass.Constexpr):
+        """O's rows times their ratio; with ``lazy_rescale`` a row whose ratio is exactly 1 (its
+        reference max kept) is skipped (x * 1 == x: the same result without the multiplies)."""
         for r in cutlass.range_constexpr(num_rows):
             if const_expr(self.lazy_rescale):
                 if alpha[r] != Float32(1.0):
                     acc_O_mn[r, None].store(acc_O_mn[r, None].load() * alpha[r])
-                    if const_expr(self.sum_mma):
-                        acc_L_mn[r, None].store(acc_L_mn[r, None].load() * alpha[r])
             else:
                 acc_O_mn[r, None].store(acc_O_mn[r, None].load() * alpha[r])
-                if const_expr(self.sum_mma):
-                    acc_L_mn[r, None].store(acc_L_mn[r, None].load() * alpha[r])
 
     @cute.jit
     def softmax(self, acc_S: cute.Tensor, acc_S_mn: cute.Tensor, tScS: cute.Tensor, keys: Int32,
@@ -847,5 +773,4 @@ class BlockSparseFwd64Sm90(CuteKernel):
             mask_keys_mn(acc_S_mn, tScS, keys)
         return online_softmax_rows(acc_S_mn, row_max, row_sum, alpha, scale_log2, threads_in_group=4,
                                    rescale_threshold=RESCALE_THRESHOLD if const_expr(self.lazy_rescale) else None,
-                                   vote_kept=self.lazy_vote, neg_scaled_state=neg_scaled,
-                                   row_sums=not self.sum_mma)
+                                   vote_kept=self.lazy_vote, neg_scaled_state=neg_scaled)

@@ -150,7 +150,7 @@ def _move_row(local: Float32, row_max: cute.Tensor, alpha: cute.Tensor, r: cutla
 def online_softmax_rows(s_mn: cute.Tensor, row_max: cute.Tensor, row_sum: cute.Tensor, alpha: cute.Tensor,
                         scale_log2: Float32, threads_in_group: cutlass.Constexpr = 4,
                         rescale_threshold: cutlass.Constexpr = None, vote_kept: cutlass.Constexpr = False,
-                        neg_scaled_state=None, row_sums: cutlass.Constexpr = True):
+                        neg_scaled_state=None):
     """The online-softmax step of :func:`online_softmax_update` for every row of a score
     fragment viewed as (rows, cols) (``s_mn``, overwritten with P), with tree reductions and one
     FFMA per exponent. ``row_max`` / ``row_sum`` (this thread's partial sum) / ``alpha`` (the ratio
@@ -171,10 +171,7 @@ def online_softmax_rows(s_mn: cute.Tensor, row_max: cute.Tensor, row_sum: cute.T
     lanes' parts does, so the results are the same bits either way. ``neg_scaled_state`` (per row,
     0 before the first block) then carries ``-(max * scale_log2)`` from block to block, so a kept
     row does not recompute it. Returns whether the warp updated (warp-uniform; False means every
-    ``alpha`` is 1).
-
-    ``row_sums=False``: ``row_sum`` is neither read nor written (the caller sums P another way, e.g.
-    by a wgmma of P with a ones tile beside P V, scaled by ``alpha`` with the output)."""
+    ``alpha`` is 1)."""
     rows = cute.size(s_mn, mode=[0])
     cols = cute.size(s_mn, mode=[1])
     safe = cute.make_rmem_tensor_like(row_max, Float32)
@@ -213,6 +210,5 @@ def online_softmax_rows(s_mn: cute.Tensor, row_max: cute.Tensor, row_sum: cute.T
     for r in cutlass.range_constexpr(rows):
         for c in cutlass.range_constexpr(cols):
             s_mn[r, c] = cute.math.exp2(cute.math.fma(s_mn[r, c], scale_log2, neg_scaled[r]), fastmath=True)
-        if const_expr(row_sums):
-            row_sum[r] = row_sum[r] * alpha[r] + tree_reduce([s_mn[r, c] for c in range(cols)], lambda a, b: a + b)
+        row_sum[r] = row_sum[r] * alpha[r] + tree_reduce([s_mn[r, c] for c in range(cols)], lambda a, b: a + b)
     return moved
