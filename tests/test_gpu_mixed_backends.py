@@ -58,6 +58,18 @@ def _route_pair(tmp_path, monkeypatch, q, k, block, fwd, bwd, bshd):
             (256, False): fvc.block_sparse_attn_256, (256, True): fvc.block_sparse_attn_256_bshd}[(block, bshd)]
 
 
+def _run_observed(fn, q, k, v, m, sizes, fwd, bwd):
+    """Forward and backward of one call, asserting they ran on ``fwd`` and ``bwd`` (the ops'
+    dispatch counter); returns ``(out, lse, dout, (dq, dk, dv))``."""
+    before = ops.dispatch_counts.copy()
+    out, lse = fn(q, k, v, m, sizes)
+    dout = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    ran = {key: n - before[key] for key, n in ops.dispatch_counts.items() if n != before[key]}
+    assert ran == {(fwd, "fwd"): 1, (bwd, "bwd"): 1}, ran
+    return out, lse, dout, grads
+
+
 @pytest.mark.parametrize("block,fwd,bwd", PAIRS)
 @pytest.mark.parametrize("bshd", [False, True])
 def test_forward_and_backward_on_different_backends(tmp_path, monkeypatch, block, fwd, bwd, bshd):
@@ -69,12 +81,7 @@ def test_forward_and_backward_on_different_backends(tmp_path, monkeypatch, block
     m = torch.rand(b, h, nb, nb, device="cuda") < 0.6
     m[0, 1, 2] = False  # a row with no block
     fn = _route_pair(tmp_path, monkeypatch, q, k, block, fwd, bwd, bshd)
-    before = ops.dispatch_counts.copy()
-    out, lse = fn(q, k, v, m, sizes)
-    dout = torch.randn_like(out)
-    grads = torch.autograd.grad(out, (q, k, v), dout)
-    ran = {key: n - before[key] for key, n in ops.dispatch_counts.items() if n != before[key]}
-    assert ran == {(fwd, "fwd"): 1, (bwd, "bwd"): 1}, ran
+    out, lse, dout, grads = _run_observed(fn, q, k, v, m, sizes, fwd, bwd)
     tb = (lambda x: x.transpose(1, 2)) if bshd else (lambda x: x)
     ref, ref_lse = block_sparse_attn_reference(tb(q), tb(k), tb(v), m, sizes, block)
     refg = torch.autograd.grad(ref, (q, k, v), tb(dout).float())
@@ -112,12 +119,7 @@ def test_nan_inf_padding_reaches_no_output_and_no_gradient(tmp_path, monkeypatch
     m = torch.rand(b, h, nb, nb, device="cuda") < 0.7
     m[0, :, :, 2] = True  # every row sees the most-padded block
     fn = _route_pair(tmp_path, monkeypatch, q, k, block, fwd, bwd, bshd)
-    before = ops.dispatch_counts.copy()
-    out, lse = fn(q, k, v, m, sizes)
-    dout = torch.randn_like(out)
-    grads = torch.autograd.grad(out, (q, k, v), dout)
-    ran = {key: n - before[key] for key, n in ops.dispatch_counts.items() if n != before[key]}
-    assert ran == {(fwd, "fwd"): 1, (bwd, "bwd"): 1}, ran
+    out, lse, dout, grads = _run_observed(fn, q, k, v, m, sizes, fwd, bwd)
     assert torch.isfinite(out).all() and all(torch.isfinite(g).all() for g in grads)
     for g, x in zip(grads, (q, k, v)):
         assert g.shape == x.shape and g.is_contiguous(), (g.shape, g.stride())
