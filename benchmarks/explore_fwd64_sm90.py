@@ -34,17 +34,16 @@ def ours(q, k, v, idx, num, sizes, *, bshd: bool, gate=None, out_c=None, variant
     return sm90_fwd64(q, k, v, idx, num, sizes, bshd=bshd, gate=gate, out_c=out_c, variant=variant)
 
 
-_VARIANT_KEYS = {"k": "k_stages", "v": "v_stages", "c": "ctas_per_sm", "w": "k_warp"}
+_VARIANT_KEYS = {"k": "k_stages", "v": "v_stages", "c": "ctas_per_sm"}
 _VARIANT_FLAGS = {"l": ("lazy_rescale", True), "e": ("lazy_rescale", False), "u": ("lazy_vote", True),
-                  "n": ("lazy_vote", False), "p": ("partial_loads", True), "a": ("lists_ahead", True),
-                  "x": ("v_late", True)}
+                  "n": ("lazy_vote", False), "p": ("partial_loads", True)}
 
 
 def parse_variant(spec: str) -> dict:
     """``"k2v3c2st"`` -> k_stages=2, v_stages=3, ctas_per_sm=2, stmatrix_epilogue=True; ``q112`` ->
     q_regs=112 (Q's first 112 columns in registers: those k-steps of S as RS wgmma; ``q`` alone:
     128); the flags ``l`` / ``e`` (lazy_rescale on / off), ``u`` / ``n`` (lazy_vote on / off) and
-    ``p`` (partial_loads), ``a`` (lists_ahead), ``x`` (v_late) anywhere and ``w<n>`` (k_warp=n), e.g.
+    ``p`` (partial_loads) anywhere, e.g.
     ``"q112l"`` (the kernel's defaults for what is left out; ``"base"`` is the default build)."""
     import re
 
@@ -53,9 +52,9 @@ def parse_variant(spec: str) -> dict:
         return out
     if rest.endswith("st"):
         out["stmatrix_epilogue"], rest = True, rest[:-2]
-    for key, val in re.findall(r"([kvcw])(\d)", rest):
+    for key, val in re.findall(r"([kvc])(\d)", rest):
         out[_VARIANT_KEYS[key]] = int(val)
-    rest = re.sub(r"[kvcw]\d", "", rest)
+    rest = re.sub(r"[kvc]\d", "", rest)
     m = re.search(r"q(\d*)", rest)
     if m:
         out["q_regs"] = int(m.group(1) or 128)

@@ -202,13 +202,10 @@ def _serialised_wgmma(sass: str) -> int:
                                     {"partial_loads": True, "head_dim": 64},
                                     {"fuse_gate": True, "store_out_s": True}, {"merge_prev": True},
                                     {"merge_prev": True, "fuse_gate": True},
-                                    {"merge_prev": True, "fuse_gate": True, "store_out_s": True},
-                                    {"lists_ahead": True, "v_late": True},
-                                    {"lists_ahead": True, "v_late": True, "k_warp": 1},
-                                    {"lists_ahead": True, "v_late": True, "fuse_gate": True, "store_out_s": True}],
+                                    {"merge_prev": True, "fuse_gate": True, "store_out_s": True}],
                          ids=["default", "eager", "q64", "q112", "q112-gate", "q128-c2", "d64-q64", "novote",
                               "gate", "partial", "partial-gate", "partial-d64", "gate-train", "merge", "merge-gate",
-                              "merge-gate-train", "sched", "sched-w1", "sched-gate-train"])
+                              "merge-gate-train"])
 def test_register_and_pipeline_variants_keep_wgmma_pipelined(config):
     """The rescale and Q-in-registers options build with no spill and with their wgmmas pipelined:
     a conditional rescale of O beside a wgmma in flight, or a spilled Q fragment, made ptxas

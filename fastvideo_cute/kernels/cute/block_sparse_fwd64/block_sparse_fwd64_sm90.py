@@ -147,7 +147,7 @@ class BlockSparseFwd64Sm90(CuteKernel):
                  fuse_gate: bool = False, k_stages: int = 1, v_stages: int = 2, ctas_per_sm: int = 3,
                  stmatrix_epilogue: bool = False, q_regs: int = 0, lazy_rescale: bool = True,
                  lazy_vote: Optional[bool] = None, partial_loads: bool = False, store_out_s: bool = False,
-                 merge_prev: bool = False, lists_ahead: bool = False, v_late: bool = False, k_warp: int = 0):
+                 merge_prev: bool = False):
         if dtype not in DTYPE_NAMES:
             raise ValueError(f"dtype must be one of {DTYPE_NAMES}, got {dtype!r}")
         if head_dim not in HEAD_DIMS:
@@ -188,13 +188,6 @@ class BlockSparseFwd64Sm90(CuteKernel):
                              "the kernel's out is out_s")
         self.store_out_s = bool(store_out_s)
         self.merge_prev = bool(merge_prev)
-        if k_warp not in (0, 1, 2, 3):
-            raise ValueError(f"k_warp (the warp that issues K's loads in the loop) must be 0-3, got {k_warp!r}")
-        if k_warp and (k_stages != 1 or partial_loads):
-            raise ValueError("k_warp != 0 needs the default K ring (k_stages=1) and whole-tile loads")
-        self.lists_ahead = bool(lists_ahead)
-        self.v_late = bool(v_late)
-        self.k_warp = int(k_warp)
 
     def config(self) -> Mapping[str, Any]:
         return {"dtype": self.dtype_name, "head_dim": self.head_dim, "has_block_sizes": self.has_block_sizes,
@@ -202,8 +195,7 @@ class BlockSparseFwd64Sm90(CuteKernel):
                 "ctas_per_sm": self.ctas_per_sm, "stmatrix_epilogue": self.stmatrix_epilogue,
                 "q_regs": self.q_regs, "lazy_rescale": self.lazy_rescale, "lazy_vote": self.lazy_vote,
                 "partial_loads": self.partial_loads, "store_out_s": self.store_out_s,
-                "merge_prev": self.merge_prev, "lists_ahead": self.lists_ahead, "v_late": self.v_late,
-                "k_warp": self.k_warp}
+                "merge_prev": self.merge_prev}
 
     def fake_args(self) -> tuple:
         dt = _CUTE_DTYPES[self.dtype_name]
@@ -316,33 +308,6 @@ class BlockSparseFwd64Sm90(CuteKernel):
         if const_expr(self.has_block_sizes):
             keys = cutlass.min(cutlass.max(mSizes[n], Int32(0)), keys)
         return cutlass.max(keys, Int32(0))
-
-    @cute.jit
-    def raw_size(self, mSizes, n: Int32) -> Int32:
-        """Kv tile ``n``'s size as stored (``lists_ahead`` reads it a step before it is clamped and
-        used, so its load latency is not waited for where it is issued)."""
-        raw = Int32(BLOCK)
-        if const_expr(self.has_block_sizes):
-            raw = mSizes[n]
-        return raw
-
-    @cute.jit
-    def clamp_keys(self, raw: Int32, n: Int32, seqlen_k: Int32) -> Int32:
-        """:meth:`tile_keys` from the size as read (``raw_size``)."""
-        keys = cutlass.min(cutlass.min(cutlass.max(raw, Int32(0)), seqlen_k - n * BLOCK), Int32(BLOCK))
-        return cutlass.max(keys, Int32(0))
-
-    @cute.jit
-    def load_v_step(self, tma_atom_V, tVgV, tVsV, v16, bar_v, tx_v: cutlass.Constexpr, warp_idx: Int32, j: Int32,
-                    count: Int32, n_cur: Int32, n_next: Int32, keys_cur: Int32):
-        """(warp 0) Step ``j``'s V load: V[j + v_stages - 2] into the slot whose P V retired a step ago."""
-        vs = self.v_stages
-        if warp_idx == 0 and j + vs - 2 < count:
-            if const_expr(self.partial_loads):
-                self.load_kv(tma_atom_V, tVgV, tVsV, v16, bar_v, tx_v, j % vs, n_cur, keys_cur, True)
-            else:
-                self.load_tile(tma_atom_V, tVgV, tVsV, bar_v, tx_v, (j + vs - 2) % vs,
-                               n_cur if const_expr(vs == 2) else n_next)
 
     @cute.jit
     def zero_v_padding(self, sV: cute.Tensor, slot: Int32, keys: Int32, tidx: Int32):
@@ -500,18 +465,14 @@ class BlockSparseFwd64Sm90(CuteKernel):
             n_next = Int32(0)
             if count > 1:
                 n_next = gIdx[1]
-            n_nn = Int32(0)  # (partial_loads, lists_ahead) the list entry two ahead, and the next tile's size
+            n_nn = Int32(0)  # (partial_loads) the list entry two ahead, and the next tile's size
             keys_nxt = Int32(BLOCK)
-            raw_nxt = Int32(BLOCK)  # (lists_ahead) the next tile's size as read, clamped when used
-            if const_expr(self.partial_loads or self.lists_ahead):
+            if const_expr(self.partial_loads):
                 if count > 2:
                     n_nn = gIdx[2]
-            if const_expr(self.partial_loads):
                 keys_nxt = self.tile_keys(mSizes, n_next, seqlen_k)
             else:
                 keys_cur = self.tile_keys(mSizes, n_cur, seqlen_k)
-                if const_expr(self.lists_ahead):
-                    raw_nxt = self.raw_size(mSizes, n_next)
 
             # ---- step 0: S[0], no P V yet
             bar_k.wait(0, 0)
@@ -520,7 +481,7 @@ class BlockSparseFwd64Sm90(CuteKernel):
                 self.load_q_regs(mma_qk_rs, sQ, tSrQr, tidx)
             self.gemm_s(mma_qk, mma_qk_rs, acc_S, tSrQ, tSrQr, tSrK[None, None, None, 0])
             warpgroup.wait_group(0)
-            if warp_idx == self.k_warp and ks < count:  # K[ks] into the slot S[0] freed
+            if warp_idx == 0 and ks < count:  # K[ks] into the slot S[0] freed
                 if const_expr(self.partial_loads):
                     self.load_kv(tma_atom_K, tKgK, tKsK, k16, bar_k, tx["k"], Int32(0), n_next, keys_nxt, False)
                 else:
@@ -533,8 +494,7 @@ class BlockSparseFwd64Sm90(CuteKernel):
             # ---- steps 1 .. count-1: S[j] in flight with P V[j-1]
             for j in cutlass.range(1, count, unroll=1):
                 n_cur = n_next
-                if const_expr(self.partial_loads or self.lists_ahead):
-                    # the list two ahead: a size read waits on no list read
+                if const_expr(self.partial_loads):  # the list two ahead: a size read waits on no list read
                     n_next = n_nn
                     if j + 2 < count:
                         n_nn = gIdx[j + 2]
@@ -548,20 +508,17 @@ class BlockSparseFwd64Sm90(CuteKernel):
                 if const_expr(self.partial_loads):
                     keys_cur = keys_nxt
                     keys_nxt = self.tile_keys(mSizes, n_next, seqlen_k)
-                elif const_expr(self.lists_ahead):  # the size read a step ago; the next one now
-                    keys_cur = self.clamp_keys(raw_nxt, n_cur, seqlen_k)
-                    raw_nxt = self.raw_size(mSizes, n_next)
                 else:
                     keys_cur = self.tile_keys(mSizes, n_cur, seqlen_k)
-                if const_expr(not self.v_late):
-                    self.load_v_step(tma_atom_V, tVgV, tVsV, v16, bar_v, tx["v"], warp_idx, j, count, n_cur, n_next,
-                                     keys_cur)
+                if warp_idx == 0 and j + vs - 2 < count:  # V[j + vs - 2]
+                    if const_expr(self.partial_loads):
+                        self.load_kv(tma_atom_V, tVgV, tVsV, v16, bar_v, tx["v"], j % vs, n_cur, keys_cur, True)
+                    else:
+                        self.load_tile(tma_atom_V, tVgV, tVsV, bar_v, tx["v"], (j + vs - 2) % vs,
+                                       n_cur if const_expr(vs == 2) else n_next)
                 k_slot = j % ks
                 bar_k.wait(k_slot, (j // ks) % 2)
                 self.gemm_s(mma_qk, mma_qk_rs, acc_S, tSrQ, tSrQr, tSrK[None, None, None, k_slot])
-                if const_expr(self.v_late):  # behind S[j]'s issue: warp 0's issue work no longer delays it
-                    self.load_v_step(tma_atom_V, tVgV, tVsV, v16, bar_v, tx["v"], warp_idx, j, count, n_cur, n_next,
-                                     keys_cur)
                 if const_expr(not self.lazy_rescale):  # beside S[j] (lazy: after P V[j-1], below)
                     self.rescale_o(acc_O_mn, alpha, num_rows)
                 prev = (j - 1) % vs
@@ -570,7 +527,7 @@ class BlockSparseFwd64Sm90(CuteKernel):
                     self.zero_v_padding(sV, prev, keys_prev, tidx)
                 self.gemm_pv(mma_pv, acc_O, rP, tOrV[None, None, None, prev], keys_prev)
                 warpgroup.wait_group(1)  # S[j] retired; P V[j-1] may still run
-                if warp_idx == self.k_warp and j + ks < count:
+                if warp_idx == 0 and j + ks < count:
                     if const_expr(self.partial_loads):
                         self.load_kv(tma_atom_K, tKgK, tKsK, k16, bar_k, tx["k"], k_slot, n_k, keys_nxt, False)
                     else:
