@@ -27,23 +27,24 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-def ours(q, k, v, idx, num, sizes, *, bshd: bool, gate=None, out_c=None, variant=None):
+def ours(q, k, v, idx, num, sizes, *, bshd: bool, gate=None, out_c=None, variant=None, kv_splits: int = 1):
     """(out, lse) of our kernel, in the call layout (``adapters/cute_sm90_fwd64``)."""
     from fastvideo_cute.adapters.cute_sm90_fwd64 import sm90_fwd64
 
-    return sm90_fwd64(q, k, v, idx, num, sizes, bshd=bshd, gate=gate, out_c=out_c, variant=variant)
+    return sm90_fwd64(q, k, v, idx, num, sizes, bshd=bshd, gate=gate, out_c=out_c, variant=variant,
+                      kv_splits=kv_splits)
 
 
 _VARIANT_KEYS = {"k": "k_stages", "v": "v_stages", "c": "ctas_per_sm"}
 _VARIANT_FLAGS = {"l": ("lazy_rescale", True), "e": ("lazy_rescale", False), "u": ("lazy_vote", True),
-                  "n": ("lazy_vote", False), "p": ("partial_loads", True)}
+                  "n": ("lazy_vote", False), "p": ("partial_loads", True), "t": ("narrow_tiles", True)}
 
 
 def parse_variant(spec: str) -> dict:
     """``"k2v3c2st"`` -> k_stages=2, v_stages=3, ctas_per_sm=2, stmatrix_epilogue=True; ``q112`` ->
     q_regs=112 (Q's first 112 columns in registers: those k-steps of S as RS wgmma; ``q`` alone:
     128); the flags ``l`` / ``e`` (lazy_rescale on / off), ``u`` / ``n`` (lazy_vote on / off) and
-    ``p`` (partial_loads) anywhere, e.g.
+    ``p`` (partial_loads) and ``t`` (narrow_tiles) anywhere, e.g.
     ``"q112l"`` (the kernel's defaults for what is left out; ``"base"`` is the default build)."""
     import re
 
@@ -172,6 +173,10 @@ def timing(args):
             o_v, l_v = ours(q, k, v, idx, num, sizes, bshd=True, variant=var)
             equal[spec] = bool(torch.equal(o_v, o_o) and torch.equal(l_v, l_o))
             fns[f"ours[{spec}]"] = (lambda var=var: ours(q, k, v, idx, num, sizes, bshd=True, variant=var))
+        for n in args.kv_splits:  # the kv-range split of the adapter (one launch per range, merged)
+            o_s, l_s = ours(q, k, v, idx, num, sizes, bshd=True, kv_splits=n)
+            row.setdefault("kv_splits_max_abs_diff_out", {})[str(n)] = float((o_s.float() - o_o.float()).abs().max())
+            fns[f"ours[kv{n}]"] = (lambda n=n: ours(q, k, v, idx, num, sizes, bshd=True, kv_splits=n))
         if not case.all_full:  # what the library's cuDNN route pays on top: V's padding zeroed
             fns["cudnn+v_copy"] = lambda: (sanitize_kv_padding(None, v, tsz, 64, bshd=True),
                                            C.cudnn_fwd_prebuilt(q, k, v, cm, bshd=True, softmax_scale=None))
@@ -230,6 +235,8 @@ def timing(args):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=None)
+    ap.add_argument("--kv-splits", type=int, nargs="*", default=[],
+                    help="also time the adapter's kv-range split forward with these range counts")
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--rep", type=int, default=50)
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds per case (median kept)")

@@ -202,10 +202,12 @@ def _serialised_wgmma(sass: str) -> int:
                                     {"partial_loads": True, "head_dim": 64},
                                     {"fuse_gate": True, "store_out_s": True}, {"merge_prev": True},
                                     {"merge_prev": True, "fuse_gate": True},
-                                    {"merge_prev": True, "fuse_gate": True, "store_out_s": True}],
+                                    {"merge_prev": True, "fuse_gate": True, "store_out_s": True},
+                                    {"narrow_tiles": True}, {"narrow_tiles": True, "head_dim": 64},
+                                    {"narrow_tiles": True, "fuse_gate": True, "store_out_s": True}],
                          ids=["default", "eager", "q64", "q112", "q112-gate", "q128-c2", "d64-q64", "novote",
                               "gate", "partial", "partial-gate", "partial-d64", "gate-train", "merge", "merge-gate",
-                              "merge-gate-train"])
+                              "merge-gate-train", "narrow", "narrow-d64", "narrow-gate-train"])
 def test_register_and_pipeline_variants_keep_wgmma_pipelined(config):
     """The rescale and Q-in-registers options build with no spill and with their wgmmas pipelined:
     a conditional rescale of O beside a wgmma in flight, or a spilled Q fragment, made ptxas
@@ -227,7 +229,8 @@ def test_register_and_pipeline_variants_keep_wgmma_pipelined(config):
         # (measured 52 UTMALDG at head_dim 128 against the default's 12)
         assert report.count("UTMALDG") > 24, report.line
     vote = config.get("lazy_vote", config.get("lazy_rescale", True))  # the default: with the lazy rescale
-    assert report.count("VOTE.ALL") == (2 if vote else 0), report.line
+    # (narrow_tiles: three softmax branches, full / half / quarter of the columns, at each site)
+    assert report.count("VOTE.ALL") == ((6 if config.get("narrow_tiles") else 2) if vote else 0), report.line
 
 
 def test_full_q_in_registers_at_three_ctas_is_serialised():

@@ -12,14 +12,16 @@ first H200 run decides whether it holds; tolerance as the plain output's, the co
 rounded once). A case with every kv tile a random size in [0, 64] refills the K/V slots with
 tiles of every size one after another.
 
-Every case runs on five builds (the ``variant`` fixture): the default (``lazy_rescale``: O is
+Every case runs on six builds (the ``variant`` fixture): the default (``lazy_rescale``: O is
 rescaled only when a row's max passes its reference max by more than 2^8; ``lazy_vote``: a warp
 whose lanes all keep their reference maxima skips the row-max shuffles and the rescale), Q's first
 112 columns in registers (``q_regs=112``), the eager rescale of every step
 (``lazy_rescale=False``, the build before 2026-12-03), and the lazy rescale without the vote
 (``lazy_vote=False``, the default before 2026-12-03's second session), and ``partial_loads`` (a
 partial kv tile's K and V loaded as 16-key pieces, only those holding a valid key; its first build
-was exact on the H200 on 2026-12-02, this one is re-written on the current kernel). ``test_every_list_length`` walks lists of 0-8 entries with
+was exact on the H200 on 2026-12-02, this one is re-written on the current kernel), and
+``narrow_tiles`` (a tile of at most 16 / 32 keys runs its softmax on the quarter / half of a
+thread's columns that hold them). ``test_every_list_length`` walks lists of 0-8 entries with
 and without the gate, so every ring phase of the K/V slots and of the gate's slot is reached. ``test_lazy_rescale_*`` build score sequences whose max climbs in steps below and
 above the threshold, and one that only falls, so that both branches of the rescale run.
 
@@ -44,7 +46,8 @@ from fastvideo_cute.metadata import map_to_index  # noqa: E402
 OUT_TOL = {torch.bfloat16: 1.6e-2, torch.float16: 2e-3}
 
 VARIANTS = {"default": None, "q112": {"q_regs": 112}, "eager": {"lazy_rescale": False},
-            "novote": {"lazy_vote": False}, "partial": {"partial_loads": True}}
+            "novote": {"lazy_vote": False}, "partial": {"partial_loads": True},
+            "narrow": {"narrow_tiles": True}}
 
 
 @pytest.fixture(params=list(VARIANTS), ids=list(VARIANTS))

@@ -147,7 +147,7 @@ class BlockSparseFwd64Sm90(CuteKernel):
                  fuse_gate: bool = False, k_stages: int = 1, v_stages: int = 2, ctas_per_sm: int = 3,
                  stmatrix_epilogue: bool = False, q_regs: int = 0, lazy_rescale: bool = True,
                  lazy_vote: Optional[bool] = None, partial_loads: bool = False, store_out_s: bool = False,
-                 merge_prev: bool = False):
+                 merge_prev: bool = False, narrow_tiles: bool = False):
         if dtype not in DTYPE_NAMES:
             raise ValueError(f"dtype must be one of {DTYPE_NAMES}, got {dtype!r}")
         if head_dim not in HEAD_DIMS:
@@ -188,6 +188,7 @@ class BlockSparseFwd64Sm90(CuteKernel):
                              "the kernel's out is out_s")
         self.store_out_s = bool(store_out_s)
         self.merge_prev = bool(merge_prev)
+        self.narrow_tiles = bool(narrow_tiles)
 
     def config(self) -> Mapping[str, Any]:
         return {"dtype": self.dtype_name, "head_dim": self.head_dim, "has_block_sizes": self.has_block_sizes,
@@ -195,7 +196,7 @@ class BlockSparseFwd64Sm90(CuteKernel):
                 "ctas_per_sm": self.ctas_per_sm, "stmatrix_epilogue": self.stmatrix_epilogue,
                 "q_regs": self.q_regs, "lazy_rescale": self.lazy_rescale, "lazy_vote": self.lazy_vote,
                 "partial_loads": self.partial_loads, "store_out_s": self.store_out_s,
-                "merge_prev": self.merge_prev}
+                "merge_prev": self.merge_prev, "narrow_tiles": self.narrow_tiles}
 
     def fake_args(self) -> tuple:
         dt = _CUTE_DTYPES[self.dtype_name]
@@ -769,8 +770,46 @@ class BlockSparseFwd64Sm90(CuteKernel):
         """Mask keys past ``keys`` (a select), then the online softmax of S in place (P there);
         ``alpha`` gets each row's ratio for the next O rescale. A row spans 4 lanes. Returns whether
         this warp's rows may have moved (``lazy_vote``: False means every ``alpha`` is 1)."""
-        if keys < BLOCK:
-            mask_keys_mn(acc_S_mn, tScS, keys)
-        return online_softmax_rows(acc_S_mn, row_max, row_sum, alpha, scale_log2, threads_in_group=4,
-                                   rescale_threshold=RESCALE_THRESHOLD if const_expr(self.lazy_rescale) else None,
-                                   vote_kept=self.lazy_vote, neg_scaled_state=neg_scaled)
+        threshold = RESCALE_THRESHOLD if const_expr(self.lazy_rescale) else None
+        if const_expr(not self.narrow_tiles):
+            if keys < BLOCK:
+                mask_keys_mn(acc_S_mn, tScS, keys)
+            return online_softmax_rows(acc_S_mn, row_max, row_sum, alpha, scale_log2, threads_in_group=4,
+                                       rescale_threshold=threshold, vote_kept=self.lazy_vote,
+                                       neg_scaled_state=neg_scaled)
+        # narrow_tiles: a thread's column c of a row holds key 8 (c // 2) + 2 (lane % 4) + c % 2, so
+        # the first quarter / half of its columns hold keys 0-15 / 0-31; a tile of at most 16 / 32
+        # keys runs the softmax on those only (its P V reads no other column: the k-steps past
+        # ceil16(keys) are not issued). The branch is uniform over the warpgroup (one tile).
+        full = cute.size(acc_S_mn, mode=[1])
+        moved = cutlass.Boolean(False)
+        if keys > BLOCK // 2:
+            if keys < BLOCK:
+                mask_keys_mn(acc_S_mn, tScS, keys)
+            moved = online_softmax_rows(acc_S_mn, row_max, row_sum, alpha, scale_log2, threads_in_group=4,
+                                        rescale_threshold=threshold, vote_kept=self.lazy_vote,
+                                        neg_scaled_state=neg_scaled)
+        elif keys > BLOCK // 4:
+            if keys < BLOCK // 2:
+                mask_keys_mn(acc_S_mn, tScS, keys, cols=full // 2)
+            moved = online_softmax_rows(acc_S_mn, row_max, row_sum, alpha, scale_log2, threads_in_group=4,
+                                        rescale_threshold=threshold, vote_kept=self.lazy_vote,
+                                        neg_scaled_state=neg_scaled, cols=full // 2)
+            self.zero_columns(acc_S_mn, full // 2)
+        else:
+            if keys < BLOCK // 4:
+                mask_keys_mn(acc_S_mn, tScS, keys, cols=full // 4)
+            moved = online_softmax_rows(acc_S_mn, row_max, row_sum, alpha, scale_log2, threads_in_group=4,
+                                        rescale_threshold=threshold, vote_kept=self.lazy_vote,
+                                        neg_scaled_state=neg_scaled, cols=full // 4)
+            self.zero_columns(acc_S_mn, full // 4)
+        return moved
+
+    @cute.jit
+    def zero_columns(self, s_mn: cute.Tensor, start: cutlass.Constexpr):
+        """(``narrow_tiles``) P of the columns from ``start`` on -> 0 (keys the tile does not have):
+        every branch of the softmax then defines every register of S / P (a branch that leaves some
+        untouched makes ptxas serialise the kernel's wgmmas, C7515)."""
+        for r in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
+            for c in cutlass.range_constexpr(start, cute.size(s_mn, mode=[1])):
+                s_mn[r, c] = Float32(0.0)

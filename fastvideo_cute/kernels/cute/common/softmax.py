@@ -36,10 +36,11 @@ def mask_keys(rS: cute.Tensor, tScS: cute.Tensor, valid: Int32):
 
 
 @cute.jit
-def mask_keys_mn(s_mn: cute.Tensor, c_mn: cute.Tensor, valid: Int32):
+def mask_keys_mn(s_mn: cute.Tensor, c_mn: cute.Tensor, valid: Int32, cols: cutlass.Constexpr = None):
     """:func:`mask_keys` on (rows, cols) views of the scores and their coordinates: one compare
-    per column, one select per element (``c_mn[0, c][1]`` is column ``c``'s key index)."""
-    for c in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
+    per column, one select per element (``c_mn[0, c][1]`` is column ``c``'s key index). ``cols``:
+    only the first ``cols`` columns of the view (None: all)."""
+    for c in cutlass.range_constexpr(cute.size(s_mn, mode=[1]) if const_expr(cols is None) else cols):
         drop = c_mn[0, c][1] >= valid
         for r in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
             s_mn[r, c] = -Float32.inf if drop else s_mn[r, c]
@@ -150,7 +151,7 @@ def _move_row(local: Float32, row_max: cute.Tensor, alpha: cute.Tensor, r: cutla
 def online_softmax_rows(s_mn: cute.Tensor, row_max: cute.Tensor, row_sum: cute.Tensor, alpha: cute.Tensor,
                         scale_log2: Float32, threads_in_group: cutlass.Constexpr = 4,
                         rescale_threshold: cutlass.Constexpr = None, vote_kept: cutlass.Constexpr = False,
-                        neg_scaled_state=None):
+                        neg_scaled_state=None, cols: cutlass.Constexpr = None):
     """The online-softmax step of :func:`online_softmax_update` for every row of a score
     fragment viewed as (rows, cols) (``s_mn``, overwritten with P), with tree reductions and one
     FFMA per exponent. ``row_max`` / ``row_sum`` (this thread's partial sum) / ``alpha`` (the ratio
@@ -171,9 +172,14 @@ def online_softmax_rows(s_mn: cute.Tensor, row_max: cute.Tensor, row_sum: cute.T
     lanes' parts does, so the results are the same bits either way. ``neg_scaled_state`` (per row,
     0 before the first block) then carries ``-(max * scale_log2)`` from block to block, so a kept
     row does not recompute it. Returns whether the warp updated (warp-uniform; False means every
-    ``alpha`` is 1)."""
+    ``alpha`` is 1).
+
+    ``cols`` (None: all): only the view's first ``cols`` columns are the block's (the caller knows
+    the rest hold only masked keys, and never reads their P). The max and the sum then skip terms
+    that would have been -inf and 0, so the results are the same bits as over every column with
+    the rest masked (``fmax(x, -inf) = x``, ``x + 0 = x``, and the trees split in halves)."""
     rows = cute.size(s_mn, mode=[0])
-    cols = cute.size(s_mn, mode=[1])
+    cols = cute.size(s_mn, mode=[1]) if const_expr(cols is None) else cols
     safe = cute.make_rmem_tensor_like(row_max, Float32)
     neg_scaled = cute.make_rmem_tensor_like(row_max, Float32)
     centre = cutlass.Boolean(False)
