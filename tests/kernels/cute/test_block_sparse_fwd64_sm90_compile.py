@@ -87,7 +87,8 @@ def test_bad_configuration_is_refused():
     assert cls("float16", 64, has_block_sizes=False).config() == {
         "dtype": "float16", "head_dim": 64, "has_block_sizes": False, "fuse_gate": False, "k_stages": 1,
         "v_stages": 2, "ctas_per_sm": 3, "stmatrix_epilogue": False, "q_regs": 0, "lazy_rescale": True,
-        "lazy_vote": True, "partial_loads": False, "store_out_s": False, "merge_prev": False}
+        "lazy_vote": True, "partial_loads": False, "store_out_s": False, "merge_prev": False,
+        "narrow_tiles": False}
     with pytest.raises(ValueError, match="partial_loads"):
         cls("bfloat16", 128, k_stages=2, ctas_per_sm=2, partial_loads=True)
     with pytest.raises(ValueError, match="store_out_s"):
