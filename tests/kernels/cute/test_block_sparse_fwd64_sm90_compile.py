@@ -88,7 +88,7 @@ def test_bad_configuration_is_refused():
         "dtype": "float16", "head_dim": 64, "has_block_sizes": False, "fuse_gate": False, "k_stages": 1,
         "v_stages": 2, "ctas_per_sm": 3, "stmatrix_epilogue": False, "q_regs": 0, "lazy_rescale": True,
         "lazy_vote": True, "partial_loads": False, "store_out_s": False, "merge_prev": False,
-        "narrow_tiles": False}
+        "narrow_tiles": True}
     with pytest.raises(ValueError, match="partial_loads"):
         cls("bfloat16", 128, k_stages=2, ctas_per_sm=2, partial_loads=True)
     with pytest.raises(ValueError, match="store_out_s"):
@@ -204,11 +204,11 @@ def _serialised_wgmma(sass: str) -> int:
                                     {"fuse_gate": True, "store_out_s": True}, {"merge_prev": True},
                                     {"merge_prev": True, "fuse_gate": True},
                                     {"merge_prev": True, "fuse_gate": True, "store_out_s": True},
-                                    {"narrow_tiles": True}, {"narrow_tiles": True, "head_dim": 64},
-                                    {"narrow_tiles": True, "fuse_gate": True, "store_out_s": True}],
+                                    {"narrow_tiles": False}, {"narrow_tiles": False, "head_dim": 64},
+                                    {"narrow_tiles": False, "fuse_gate": True, "store_out_s": True}],
                          ids=["default", "eager", "q64", "q112", "q112-gate", "q128-c2", "d64-q64", "novote",
                               "gate", "partial", "partial-gate", "partial-d64", "gate-train", "merge", "merge-gate",
-                              "merge-gate-train", "narrow", "narrow-d64", "narrow-gate-train"])
+                              "merge-gate-train", "wide", "wide-d64", "wide-gate-train"])
 def test_register_and_pipeline_variants_keep_wgmma_pipelined(config):
     """The rescale and Q-in-registers options build with no spill and with their wgmmas pipelined:
     a conditional rescale of O beside a wgmma in flight, or a spilled Q fragment, made ptxas
@@ -230,8 +230,8 @@ def test_register_and_pipeline_variants_keep_wgmma_pipelined(config):
         # (measured 52 UTMALDG at head_dim 128 against the default's 12)
         assert report.count("UTMALDG") > 24, report.line
     vote = config.get("lazy_vote", config.get("lazy_rescale", True))  # the default: with the lazy rescale
-    # (narrow_tiles: three softmax branches, full / half / quarter of the columns, at each site)
-    assert report.count("VOTE.ALL") == ((6 if config.get("narrow_tiles") else 2) if vote else 0), report.line
+    # (narrow_tiles, the default: three softmax branches, full / half / quarter of the columns, at each site)
+    assert report.count("VOTE.ALL") == ((6 if config.get("narrow_tiles", True) else 2) if vote else 0), report.line
 
 
 def test_full_q_in_registers_at_three_ctas_is_serialised():

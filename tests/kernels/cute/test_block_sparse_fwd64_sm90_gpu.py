@@ -19,9 +19,9 @@ whose lanes all keep their reference maxima skips the row-max shuffles and the r
 (``lazy_rescale=False``, the build before 2026-12-03), and the lazy rescale without the vote
 (``lazy_vote=False``, the default before 2026-12-03's second session), and ``partial_loads`` (a
 partial kv tile's K and V loaded as 16-key pieces, only those holding a valid key; its first build
-was exact on the H200 on 2026-12-02, this one is re-written on the current kernel), and
-``narrow_tiles`` (a tile of at most 16 / 32 keys runs its softmax on the quarter / half of a
-thread's columns that hold them). ``test_every_list_length`` walks lists of 0-8 entries with
+was exact on the H200 on 2026-12-02, this one is re-written on the current kernel), and the build
+without ``narrow_tiles`` (``wide``; the default since 2026-12-03's sixth session runs the softmax
+of a tile of at most 16 / 32 keys on the quarter / half of a thread's columns that hold them). ``test_every_list_length`` walks lists of 0-8 entries with
 and without the gate, so every ring phase of the K/V slots and of the gate's slot is reached. ``test_lazy_rescale_*`` build score sequences whose max climbs in steps below and
 above the threshold, and one that only falls, so that both branches of the rescale run.
 
@@ -47,7 +47,7 @@ OUT_TOL = {torch.bfloat16: 1.6e-2, torch.float16: 2e-3}
 
 VARIANTS = {"default": None, "q112": {"q_regs": 112}, "eager": {"lazy_rescale": False},
             "novote": {"lazy_vote": False}, "partial": {"partial_loads": True},
-            "narrow": {"narrow_tiles": True}}
+            "wide": {"narrow_tiles": False}}
 
 
 @pytest.fixture(params=list(VARIANTS), ids=list(VARIANTS))

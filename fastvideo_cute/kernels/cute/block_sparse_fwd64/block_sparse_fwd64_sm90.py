@@ -47,6 +47,12 @@ specialisation; the latency is hidden by three CTAs per SM, ``min_blocks_per_mp=
     step was ~310 instructions per warp and the kernel is bound by that chain, not by L2 bytes
     (Nsight Compute, docs/hopper-64-token.md): 3-4.5 % faster on the H200
     (``benchmarks/results/fwd64_sm90_h200_v11.json``);
+  - ``narrow_tiles`` (the default): a thread's columns of a row hold keys 8 (c // 2) + 2 (lane % 4)
+    + c % 2, so a tile of at most 16 / 32 valid keys (the partial tiles of a video grid's edges)
+    runs its softmax on the first quarter / half of them (the rest -> P = 0; the P V steps past
+    ceil16(keys) are not issued either), one branch per tile, uniform over the warpgroup. The same
+    bits as without it (the skipped terms were -inf for the max and 0 for the sum). 1.5 % faster on
+    the Wan-1.3B grid, the same on full tiles (``benchmarks/results/fwd64_sm90_h200_v15.json``);
   - ``q_regs`` (a configuration): Q's first ``q_regs`` columns in registers (ldmatrix once, at
     step 0) and those k-steps of S as RS wgmma, so S reads only K from shared memory there. All
     128 columns need 4 registers more than the 168 of three CTAs per SM (ptxas then spills the
@@ -147,7 +153,7 @@ class BlockSparseFwd64Sm90(CuteKernel):
                  fuse_gate: bool = False, k_stages: int = 1, v_stages: int = 2, ctas_per_sm: int = 3,
                  stmatrix_epilogue: bool = False, q_regs: int = 0, lazy_rescale: bool = True,
                  lazy_vote: Optional[bool] = None, partial_loads: bool = False, store_out_s: bool = False,
-                 merge_prev: bool = False, narrow_tiles: bool = False):
+                 merge_prev: bool = False, narrow_tiles: bool = True):
         if dtype not in DTYPE_NAMES:
             raise ValueError(f"dtype must be one of {DTYPE_NAMES}, got {dtype!r}")
         if head_dim not in HEAD_DIMS:
