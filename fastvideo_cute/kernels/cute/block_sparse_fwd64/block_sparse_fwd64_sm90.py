@@ -790,25 +790,30 @@ class BlockSparseFwd64Sm90(CuteKernel):
         full = cute.size(acc_S_mn, mode=[1])
         moved = cutlass.Boolean(False)
         if keys > BLOCK // 2:
-            if keys < BLOCK:
-                mask_keys_mn(acc_S_mn, tScS, keys)
-            moved = online_softmax_rows(acc_S_mn, row_max, row_sum, alpha, scale_log2, threads_in_group=4,
-                                        rescale_threshold=threshold, vote_kept=self.lazy_vote,
-                                        neg_scaled_state=neg_scaled)
+            moved = self.softmax_columns(acc_S_mn, tScS, keys, row_max, row_sum, alpha, neg_scaled, scale_log2, full)
         elif keys > BLOCK // 4:
-            if keys < BLOCK // 2:
-                mask_keys_mn(acc_S_mn, tScS, keys, cols=full // 2)
-            moved = online_softmax_rows(acc_S_mn, row_max, row_sum, alpha, scale_log2, threads_in_group=4,
-                                        rescale_threshold=threshold, vote_kept=self.lazy_vote,
-                                        neg_scaled_state=neg_scaled, cols=full // 2)
-            self.zero_columns(acc_S_mn, full // 2)
+            moved = self.softmax_columns(acc_S_mn, tScS, keys, row_max, row_sum, alpha, neg_scaled, scale_log2,
+                                         full // 2)
         else:
-            if keys < BLOCK // 4:
-                mask_keys_mn(acc_S_mn, tScS, keys, cols=full // 4)
-            moved = online_softmax_rows(acc_S_mn, row_max, row_sum, alpha, scale_log2, threads_in_group=4,
-                                        rescale_threshold=threshold, vote_kept=self.lazy_vote,
-                                        neg_scaled_state=neg_scaled, cols=full // 4)
-            self.zero_columns(acc_S_mn, full // 4)
+            moved = self.softmax_columns(acc_S_mn, tScS, keys, row_max, row_sum, alpha, neg_scaled, scale_log2,
+                                         full // 4)
+        return moved
+
+    @cute.jit
+    def softmax_columns(self, acc_S_mn: cute.Tensor, tScS: cute.Tensor, keys: Int32, row_max: cute.Tensor,
+                        row_sum: cute.Tensor, alpha: cute.Tensor, neg_scaled: cute.Tensor, scale_log2: Float32,
+                        cols: cutlass.Constexpr):
+        """(``narrow_tiles``) The softmax on a thread's first ``cols`` columns of each row (keys below
+        ``64 * cols / all columns``; the caller's tile has no other), keys past ``keys`` masked, the
+        other columns' P set to 0."""
+        full = cute.size(acc_S_mn, mode=[1])
+        if keys < BLOCK * cols // full:
+            mask_keys_mn(acc_S_mn, tScS, keys, cols=cols)
+        moved = online_softmax_rows(acc_S_mn, row_max, row_sum, alpha, scale_log2, threads_in_group=4,
+                                    rescale_threshold=RESCALE_THRESHOLD if const_expr(self.lazy_rescale) else None,
+                                    vote_kept=self.lazy_vote, neg_scaled_state=neg_scaled, cols=cols)
+        if const_expr(cols < full):
+            self.zero_columns(acc_S_mn, cols)
         return moved
 
     @cute.jit
