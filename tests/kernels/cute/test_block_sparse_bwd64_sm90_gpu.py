@@ -70,7 +70,11 @@ WS_SMEM_KV = "ws:kv_regs=0"
 # q groups with dK/dV added by per-element fp32 reductions instead of the default's one bulk
 # reduce-add per warpgroup (bulk_dkv; its first GPU run, 2026-12-02: 13 passed)
 WS_GROUPS_REDG = "ws:group_blocks=3,group_min_blocks=0,bulk_dkv=0"
-MAINS = ["atomic", "ws", WS_GROUPS, WS_ALL, WS_SMEM_KV, WS_GROUPS_REDG]  # the single-warpgroup kernel and the WS one
+# dQ = dS K of a partial kv tile issued only up to ceil16(size) (narrow_dq), alone and with q groups
+WS_NARROW_DQ = "ws:narrow_dq=1"
+WS_NARROW_DQ_GROUPS = "ws:narrow_dq=1,group_blocks=3,group_min_blocks=0"
+MAINS = ["atomic", "ws", WS_GROUPS, WS_ALL, WS_SMEM_KV, WS_GROUPS_REDG, WS_NARROW_DQ,
+         WS_NARROW_DQ_GROUPS]  # the single-warpgroup kernel and the WS one
 
 
 @pytest.mark.parametrize("main", MAINS)

@@ -94,3 +94,26 @@ def test_bad_configuration_is_refused(bad, match):
 
     with pytest.raises(ValueError, match=match):
         sm90_ws_main_kernel(**bad)
+
+
+def test_narrow_dq_build_issues_the_dq_gemm_per_width():
+    """``narrow_dq=True``: dQ = dS K of a partial kv tile issues only its k-steps up to ceil16(size):
+    the dQ GEMM at four widths (4 + 3 + 2 + 1 = 10 64x128x16 k-steps in the SASS, beside dV's and
+    dK's 4 + 4), the other GEMMs unchanged; no spill, and the wgmmas not serialised (a handful of
+    ``WARPGROUP.DEPBAR`` waits, not one per HGMMA)."""
+    from functools import partial
+
+    from fastvideo_cute.compile_check import build_report
+    from fastvideo_cute.kernels.cute import CuteKernelSpec
+    from fastvideo_cute.kernels.cute.block_sparse_bwd64 import sm90_ws_main_kernel
+
+    spec = CuteKernelSpec(name=NAME + "_narrow_dq", archs=("sm_90a",), make=partial(sm90_ws_main_kernel, narrow_dq=True),
+                          expect=("HGMMA", "UTMAREDG", "USETMAXREG"))
+    report = build_report(spec, "sm_90a")
+    print(report.line)
+    assert report.ok and report.spill == 0, report.line
+    shapes = _shapes(report)
+    assert shapes.count("64x64x16") == 8 + 8, shapes
+    assert shapes.count("64x128x16") == 4 + 4 + (4 + 3 + 2 + 1), shapes
+    assert report.count("WARPGROUP.DEPBAR") <= 12, report.line
+    assert sm90_ws_main_kernel(narrow_dq=True).config()["narrow_dq"] is True

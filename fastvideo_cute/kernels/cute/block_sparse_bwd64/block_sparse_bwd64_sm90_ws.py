@@ -104,7 +104,7 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
     name = "block_sparse_bwd64_sm90_ws"
 
     def __init__(self, q_stages: int = 3, p_stages: int = 1, dq_stages: int = 1, kv_regs: bool = True,
-                 grouped: bool = False, bulk_dkv: bool = True):
+                 grouped: bool = False, bulk_dkv: bool = True, narrow_dq: bool = False):
         """``q_stages``: depth of the Q and dO rings; ``p_stages`` / ``dq_stages``: buffers of the
         P^T hand-off and of the dQ staging tile (1 or 2: with 2 the producing side runs a step
         ahead); ``kv_regs``: WG1 holds K and WG2 holds V in registers (S^T and dP^T as RS wgmma,
@@ -116,7 +116,10 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
         the dO ring, after both MMA warpgroups left their loops; WG2: the Q ring) and adds it into
         the accumulator's 32 KB of rows by one bulk reduce-add (``cp.reduce.async.bulk``), instead of
         64 fp32 reductions per thread (the default: exact on the H200 and 2.9 % faster at 65,536
-        tokens than the reductions, ``benchmarks/results/bwd64_sm90_h200_v10.json``)."""
+        tokens than the reductions, ``benchmarks/results/bwd64_sm90_h200_v10.json``);
+        ``narrow_dq``: dQ = dS K of a partial kv tile issues only the k-steps (16 keys each) up to
+        ceil16(size): dS's columns of padded keys are 0 by select and K's padded rows 0, so the
+        skipped steps would add exact zeros (a video grid's edge tiles hold 8-32 keys)."""
         for name, v in (("p_stages", p_stages), ("dq_stages", dq_stages)):
             if v not in (1, MAX_STAGES):
                 raise ValueError(f"{name} must be 1 or {MAX_STAGES}, got {v}")
@@ -130,10 +133,12 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
         self.q_stages, self.p_stages, self.dq_stages = int(q_stages), int(p_stages), int(dq_stages)
         self.kv_regs, self.grouped = bool(kv_regs), bool(grouped)
         self.bulk_dkv = bool(bulk_dkv) and self.grouped
+        self.narrow_dq = bool(narrow_dq)
 
     def config(self):
         return {"q_stages": self.q_stages, "p_stages": self.p_stages, "dq_stages": self.dq_stages,
-                "kv_regs": self.kv_regs, "grouped": self.grouped, "bulk_dkv": self.bulk_dkv}
+                "kv_regs": self.kv_regs, "grouped": self.grouped, "bulk_dkv": self.bulk_dkv,
+                "narrow_dq": self.narrow_dq}
 
     # ------------------------------------------------------------------ host side
     @cute.jit
@@ -436,7 +441,7 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
             copy_dS(rdS)
             cute.arch.fence_proxy("async.shared", space="cta")
             cute.arch.barrier(barrier_id=WG2_SYNC, number_of_threads=WG)
-            wgmma_gemm(mma_dq, acc_dQ, tQrdS, tQrKt, True)
+            self.gemm_dq(mma_dq, acc_dQ, tQrdS, tQrKt, size)
             wgmma_gemm(mma_kv, acc_dK, rdS, tKrQt[None, None, None, s], False)
             warpgroup.wait_group(1)  # dQ done (dK may still run)
             cute.arch.barrier(barrier_id=DQ_FREE + d, number_of_threads=WG + 32)
@@ -452,6 +457,23 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
                                wtid, WG2_SYNC)
         else:
             self.store_rows(acc_dK, thr_kv, mdK, (bh * nb + kv) * BLOCK, size, sm_scale)
+
+    @cute.jit
+    def gemm_dq(self, mma_dq, acc_dQ: cute.Tensor, tQrdS: cute.Tensor, tQrKt: cute.Tensor, size: Int32):
+        """dQ = dS K (zero-initialised); with ``narrow_dq`` only its k-steps up to ceil16(size), one
+        branch per CTA (every branch defines all of ``acc_dQ``)."""
+        if const_expr(not self.narrow_dq):
+            wgmma_gemm(mma_dq, acc_dQ, tQrdS, tQrKt, True)
+        else:
+            step = BLOCK // 4
+            if size > 3 * step:
+                wgmma_gemm(mma_dq, acc_dQ, tQrdS, tQrKt, True)
+            elif size > 2 * step:
+                wgmma_gemm(mma_dq, acc_dQ, tQrdS, tQrKt, True, ksteps=3)
+            elif size > step:
+                wgmma_gemm(mma_dq, acc_dQ, tQrdS, tQrKt, True, ksteps=2)
+            else:
+                wgmma_gemm(mma_dq, acc_dQ, tQrdS, tQrKt, True, ksteps=1)
 
     def p_slot(self, storage, wtid, like: cute.Tensor, stage) -> cute.Tensor:
         """This thread's 32 fp32 P^T values in buffer ``stage`` of ``sP``, shaped like the accumulator
