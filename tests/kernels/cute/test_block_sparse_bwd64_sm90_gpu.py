@@ -106,7 +106,8 @@ def test_bulk_dq_reduce_matches_reference(dq_reduce):
     _vs_reference(dq_reduce=dq_reduce, batch=2, topk=5, ragged=True, seed=3)
 
 
-@pytest.mark.parametrize("dq_reduce", ["atomic", "bulk", "bulk-smemstats", "ws", WS_GROUPS, WS_ALL, WS_GROUPS_REDG])
+@pytest.mark.parametrize("dq_reduce", ["atomic", "bulk", "bulk-smemstats", "ws", WS_GROUPS, WS_ALL, WS_GROUPS_REDG,
+                                       WS_NARROW_DQ])
 def test_zero_count_kv_blocks_and_empty_q_blocks(dq_reduce):
     (dq, dk, dv), lse = _vs_reference(dq_reduce=dq_reduce, excluded=(2, 5), empty_q=(1,), ragged=True)
     for j in (2, 5):
