@@ -776,36 +776,30 @@ class BlockSparseFwd64Sm90(CuteKernel):
         """Mask keys past ``keys`` (a select), then the online softmax of S in place (P there);
         ``alpha`` gets each row's ratio for the next O rescale. A row spans 4 lanes. Returns whether
         this warp's rows may have moved (``lazy_vote``: False means every ``alpha`` is 1)."""
-        threshold = RESCALE_THRESHOLD if const_expr(self.lazy_rescale) else None
+        full = cute.size(acc_S_mn, mode=[1])
+        args = (acc_S_mn, tScS, keys, row_max, row_sum, alpha, neg_scaled, scale_log2)
         if const_expr(not self.narrow_tiles):
-            if keys < BLOCK:
-                mask_keys_mn(acc_S_mn, tScS, keys)
-            return online_softmax_rows(acc_S_mn, row_max, row_sum, alpha, scale_log2, threads_in_group=4,
-                                       rescale_threshold=threshold, vote_kept=self.lazy_vote,
-                                       neg_scaled_state=neg_scaled)
+            return self.softmax_columns(*args, full)
         # narrow_tiles: a thread's column c of a row holds key 8 (c // 2) + 2 (lane % 4) + c % 2, so
         # the first quarter / half of its columns hold keys 0-15 / 0-31; a tile of at most 16 / 32
         # keys runs the softmax on those only (its P V reads no other column: the k-steps past
         # ceil16(keys) are not issued). The branch is uniform over the warpgroup (one tile).
-        full = cute.size(acc_S_mn, mode=[1])
         moved = cutlass.Boolean(False)
         if keys > BLOCK // 2:
-            moved = self.softmax_columns(acc_S_mn, tScS, keys, row_max, row_sum, alpha, neg_scaled, scale_log2, full)
+            moved = self.softmax_columns(*args, full)
         elif keys > BLOCK // 4:
-            moved = self.softmax_columns(acc_S_mn, tScS, keys, row_max, row_sum, alpha, neg_scaled, scale_log2,
-                                         full // 2)
+            moved = self.softmax_columns(*args, full // 2)
         else:
-            moved = self.softmax_columns(acc_S_mn, tScS, keys, row_max, row_sum, alpha, neg_scaled, scale_log2,
-                                         full // 4)
+            moved = self.softmax_columns(*args, full // 4)
         return moved
 
     @cute.jit
     def softmax_columns(self, acc_S_mn: cute.Tensor, tScS: cute.Tensor, keys: Int32, row_max: cute.Tensor,
                         row_sum: cute.Tensor, alpha: cute.Tensor, neg_scaled: cute.Tensor, scale_log2: Float32,
                         cols: cutlass.Constexpr):
-        """(``narrow_tiles``) The softmax on a thread's first ``cols`` columns of each row (keys below
-        ``64 * cols / all columns``; the caller's tile has no other), keys past ``keys`` masked, the
-        other columns' P set to 0."""
+        """The softmax on a thread's first ``cols`` columns of each row (all of them, or with
+        ``narrow_tiles`` the half / quarter holding keys below 32 / 16 when the tile has no other),
+        keys past ``keys`` masked, the other columns' P set to 0."""
         full = cute.size(acc_S_mn, mode=[1])
         if keys < BLOCK * cols // full:
             mask_keys_mn(acc_S_mn, tScS, keys, cols=cols)
