@@ -4,9 +4,10 @@
 Routes (the public API, route picked per call by env vars read at call time):
   triton  FASTVIDEO_VSA_TRITON=1   -> fastvideo_cute.block_sparse_attn{,_128,_256}[_bshd]
   cute    FASTVIDEO_VSA_CUTEDSL=1  -> same functions; the route actually taken is recorded
-  fa4 / cudnn / sm90  FASTVIDEO_VSA_BACKEND=<name> (sm90: our wgmma 64-token forward, forward only,
-          128/256-token blocks as the 64-token tiles that cover them; its bwd entries are
-          recorded as errors with the reason)
+  fa4 / cudnn / sm90  FASTVIDEO_VSA_BACKEND=<name> (sm90: our wgmma 64-token kernels, the forward
+          also at 128/256-token blocks as the 64-token tiles that cover them, the warp-specialized
+          backward at 64-token blocks, bf16, head_dim 128; what it cannot serve is recorded as an
+          error with the reason)
   sm120   our mma.sync + TMA forward (FASTVIDEO_VSA_BACKEND=sm120), forward only, 128/256 blocks,
           one entry per kernel mode (--sm120-variants; default: the adapter's per-arch choice),
           through the op video_sparse_attn's sparse branch calls (no LSE), map_to_index included
@@ -64,7 +65,7 @@ ROUTE_VARS = ("FASTVIDEO_VSA_TRITON", "FASTVIDEO_VSA_CUTEDSL", "FASTVIDEO_VSA_BA
 # route -> the variables that select it (default: none set; fa4/cudnn: the backend named)
 ROUTE_ENV = {"default": {}, "triton": {"FASTVIDEO_VSA_TRITON": "1"}, "cute": {"FASTVIDEO_VSA_CUTEDSL": "1"},
              "fa4": {"FASTVIDEO_VSA_BACKEND": "fa4"}, "cudnn": {"FASTVIDEO_VSA_BACKEND": "cudnn"},
-             "sm90": {"FASTVIDEO_VSA_BACKEND": "sm90"}}  # sm90: forward only
+             "sm90": {"FASTVIDEO_VSA_BACKEND": "sm90"}}
 
 # ---------------------------------------------------------------------------------------------
 # arguments

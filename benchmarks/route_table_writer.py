@@ -2,7 +2,7 @@
 
 For each call class the run measured — (arch, block size, direction, full vs partial kv tiles,
 head_dim) — the backends timed by name through the public API (routes ``triton``, ``fa4``,
-``cudnn``; ``sm90`` (forward only) and ``sm100`` if present) are ranked by their total time over
+``cudnn``; ``sm90`` and ``sm100`` if present) are ranked by their total time over
 the class's cases (the sequence lengths / grids of that class), fastest first; a backend that failed or was skipped in
 any case of the class is left out of that class. The table names the results JSON it came from.
 """

@@ -83,14 +83,18 @@ def _log_once(message: str) -> None:
 
 def cute_preferences(info: CallInfo) -> List[str]:
     """CuTe backends to try, best first, for this call: FA4 block sparsity on sm_90/sm_100, our
-    own mma.sync + TMA forward on sm_120/121 (FA4 has no block sparsity there). The sm120 kernel
-    also runs on sm_90, but only when named (``FASTVIDEO_VSA_BACKEND=sm120``); the sm100
-    (tcgen05, 64-token) kernels join only once verified on hardware."""
+    own mma.sync + TMA forward on sm_120/121 (FA4 has no block sparsity there). On sm_90 our wgmma
+    64-token kernels (``sm90``) come after FA4: they serve the 64-token training calls FA4's
+    backward cannot (it needs 128-wide kv tiles). The sm120 kernel also runs on sm_90, but only
+    when named (``FASTVIDEO_VSA_BACKEND=sm120``); the sm100 (tcgen05, 64-token) kernels join only
+    once verified on hardware."""
     major = info.arch_major
     if major == 12:
         return ["sm120"]
     if major == 10:
         return ["fa4", "sm100"] if BACKENDS["sm100"].verified_on(info.arch) else ["fa4"]
+    if major == 9 and BACKENDS["sm90"].verified_on(info.arch):
+        return ["fa4", "sm90"]
     return ["fa4"]
 
 

@@ -24,8 +24,10 @@ def _nerr(a, b):
 
 PAIRS = [(128, "fa4", "triton"), (128, "triton", "fa4"), (128, "cudnn", "triton"), (128, "fa4", "cudnn"),
          (128, "cudnn", "fa4"), (128, "triton", "cudnn"),
-         # the sm90 64-token forward (forward only) with the backwards the table pairs it with
-         (64, "sm90", "cudnn"), (64, "sm90", "triton"),
+         # the sm90 64-token forward with the backwards the table pairs it with, and its own
+         # warp-specialized backward after each 64-token forward
+         (64, "sm90", "cudnn"), (64, "sm90", "triton"), (64, "sm90", "sm90"), (64, "cudnn", "sm90"),
+         (64, "triton", "sm90"),
          # ... and at 128/256-token blocks (run as the 64-token tiles that cover them)
          (128, "sm90", "cudnn"), (128, "sm90", "fa4"), (256, "sm90", "fa4"), (256, "sm90", "triton")]
 
@@ -94,7 +96,10 @@ def test_forward_and_backward_on_different_backends(tmp_path, monkeypatch, block
 # The pairs whose backward reads partial kv tiles whole (FA4, cuDNN: padding-zeroed copies), with the
 # forward before each that the route table pairs it with or that shares the copies (fa4 > fa4).
 POISON_PAIRS = [(128, "sm90", "fa4"), (256, "sm90", "fa4"), (128, "fa4", "fa4"), (64, "sm90", "cudnn"),
-                (128, "cudnn", "cudnn")]
+                (128, "cudnn", "cudnn"),
+                # the sm90 backward masks padded keys in its kernel (no copy): after its own forward
+                # and after cuDNN's (whose forward reads V's padding-zeroed copy)
+                (64, "sm90", "sm90"), (64, "cudnn", "sm90")]
 
 
 @pytest.mark.parametrize("block,fwd,bwd", POISON_PAIRS)
@@ -104,9 +109,9 @@ def test_nan_inf_padding_reaches_no_output_and_no_gradient(tmp_path, monkeypatch
     all three gradients stay finite and match the fp32 reference on the finite inputs; padded keys
     get dk = dv = 0 exactly; the gradients come back contiguous in the call layout."""
     torch.manual_seed(11)
-    b, h, d, nb = 1, 2, 128, 3
+    b, h, d, nb = 1, 2, 128, 4  # an even block count: the sm90 backward's preprocess pairs blocks
     shape = (b, nb * block, h, d) if bshd else (b, h, nb * block, d)
-    sizes = torch.tensor([block // 2 + 3, block, 17], dtype=torch.int32, device="cuda")
+    sizes = torch.tensor([block // 2 + 3, block, 17, 9], dtype=torch.int32, device="cuda")
     pos = torch.arange(nb * block, device="cuda")
     pad = (pos % block) >= sizes.repeat_interleave(block)  # [S]: padding rows
     pad_v = pad.view(1, -1, 1, 1) if bshd else pad.view(1, 1, -1, 1)
@@ -117,7 +122,7 @@ def test_nan_inf_padding_reaches_no_output_and_no_gradient(tmp_path, monkeypatch
     v = torch.where(pad_v, float("inf"), v_fin)
     q, k, v = (x.requires_grad_(True) for x in (q, k, v))
     m = torch.rand(b, h, nb, nb, device="cuda") < 0.7
-    m[0, :, :, 2] = True  # every row sees the most-padded block
+    m[0, :, :, 2:] = True  # every row sees the two most-padded blocks
     fn = _route_pair(tmp_path, monkeypatch, q, k, block, fwd, bwd, bshd)
     out, lse, dout, grads = _run_observed(fn, q, k, v, m, sizes, fwd, bwd)
     assert torch.isfinite(out).all() and all(torch.isfinite(g).all() for g in grads)

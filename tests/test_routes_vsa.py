@@ -62,7 +62,7 @@ def test_gated_inference_on_sm90_takes_sm90(monkeypatch, table):
 
 
 @pytest.mark.parametrize("change", [
-    dict(need_grad=True),  # training: sm90 has no backward
+    dict(need_grad=True),  # training: the gated rule is for inference (the table routes training)
     dict(block_size=128, need_grad=True),
     dict(arch=(10, 0)),
     dict(arch=(12, 1), block_size=128, kv_all_full=True),
@@ -98,10 +98,13 @@ def test_a_named_backend_wins(monkeypatch, name):
             select_vsa_route_name(BASE, True)
 
 
-def test_sm90_named_on_a_training_call_raises_with_the_reason(monkeypatch):
+def test_sm90_named_on_a_training_call_it_cannot_serve_raises_with_the_reason(monkeypatch):
     monkeypatch.setenv("FASTVIDEO_VSA_BACKEND", "sm90")
-    with pytest.raises(RouteError, match="FASTVIDEO_VSA_BACKEND=sm90 cannot serve this call: inference only"):
-        select_vsa_route_name(_with(need_grad=True), True)
+    with pytest.raises(RouteError, match="FASTVIDEO_VSA_BACKEND=sm90 cannot serve this call: the backward is "
+                                         "bfloat16 only"):
+        select_vsa_route_name(_with(need_grad=True, dtype=torch.float16), True)
+    with pytest.raises(RouteError, match="the backward serves 64-token blocks only, got 128"):
+        select_vsa_route_name(_with(need_grad=True, block_size=128), True)
 
 
 def test_conflicting_variables_still_raise(monkeypatch):

@@ -1,17 +1,22 @@
-"""Our sm_90a 64-token forward (:mod:`fastvideo_cute.adapters.cute_sm90_fwd64`: wgmma + TMA, one
-warpgroup, three CTAs per SM) as a forward-only backend, with the VSA gate fusable into its
-epilogue (:meth:`Sm90Backend.forward_gated`).
+"""Our sm_90a 64-token kernels: the forward (:mod:`fastvideo_cute.adapters.cute_sm90_fwd64`: wgmma +
+TMA, one warpgroup, three CTAs per SM), with the VSA gate fusable into its epilogue
+(:meth:`Sm90Backend.forward_gated`), and the warp-specialized backward
+(:mod:`fastvideo_cute.adapters.cute_sm90_bwd64`, ``main="ws"``: a producer warp, a dQ store warp and
+two MMA warpgroups; partial kv tiles masked in the kernel, no padding-zeroed copy).
 
 What it serves: the forward direction of calls on sm_90 with 64-, 128- or 256-token blocks (a
 128/256-token call runs as the 64-token call that covers it: each block's lists split into 64 x
 64 tiles by :func:`fastvideo_cute.metadata.split_q2k`, one Triton launch, tiles without a valid
 key left out, so a partial block costs only the tiles its keys touch), fp16/bf16, head_dim
 64/128, as many query heads as kv heads (``CallInfo.heads`` is both), ``q_len`` a multiple of 64,
-within the kernel's launch limits, with the CuTe DSL installed. ``support()`` refuses a call with
-``need_grad`` (it has no backward); the router asks it about a training call's forward direction
-only (``need_grad=False, need_lse=True``), whose backward another backend runs from the LSE
-returned here (natural log, fp32 ``[B, H, S_q]``, ``-inf`` for a row without a key). It masks K/V
-padding itself (``zeroes_kv_padding = False``: no padding-zeroed copy is made for it).
+within the kernel's launch limits, with the CuTe DSL installed. The backward serves fewer calls
+(``support()`` of a call with ``need_grad`` checks both): 64-token blocks, bf16, head_dim 128,
+``q_len == kv_len`` with an even number of blocks (its preprocess works on 128-token pairs),
+BHSD or BSHD (BSHD tensors are transposed to BHSD copies around it). The router asks a training
+call's forward direction alone as ``need_grad=False, need_lse=True``, so this forward may be paired
+with another backend's backward, which runs from the LSE returned here (natural log, fp32
+``[B, H, S_q]``, ``-inf`` for a row without a key), and this backward with another forward. Both
+mask K/V padding themselves (``zeroes_kv_padding = False``: no padding-zeroed copy is made).
 
 Where the router sends it (``fastvideo_cute.routes``):
 - the 64-token forward classes of the route table on sm_90, full and partial tiles, where it was
@@ -52,6 +57,29 @@ _BLOCKS = (64, 128, 256)  # 128/256 run as the 64-token tiles that cover them (s
 _DTYPES = (torch.float16, torch.bfloat16)
 _GRID_MAX = 65535  # gridDim.y (heads) and gridDim.z (batch): the launch grid is (Qb, H, B)
 _INT32_MAX = 2**31 - 1
+# The backward's main kernel configuration (``BlockSparseBwd64Sm90Ws``'s keyword arguments):
+# narrow_dq, dQ's k-steps of a partial kv tile cut at ceil16(size) (exact on the H200 and 1.5 %
+# faster on the Wan-1.3B grid, benchmarks/results/bwd64_sm90_h200_v12.json; full tiles unchanged)
+_BWD_WS_CONFIG = {"narrow_dq": True}
+_BWD_HEAD_DIM = 128
+
+
+def _backward_problem(call: CallInfo) -> Optional[str]:
+    """Why the warp-specialized backward cannot serve this call (None: it can); static facts only."""
+    if call.block_size != _BLOCK:
+        return f"the backward serves 64-token blocks only, got {call.block_size}"
+    if call.dtype != torch.bfloat16:
+        return f"the backward is bfloat16 only, got {call.dtype}"
+    if call.head_dim != _BWD_HEAD_DIM:
+        return f"the backward is head_dim {_BWD_HEAD_DIM} only, got {call.head_dim}"
+    if call.q_len != call.kv_len:
+        return f"the backward needs q_len == kv_len, got {call.q_len} and {call.kv_len}"
+    blocks = call.kv_len // _BLOCK
+    if blocks < 2 or blocks % 2:
+        return f"the backward needs an even number (>= 2) of 64-token blocks, got {blocks}"
+    if call.batch * call.heads * call.q_len * call.head_dim > _INT32_MAX:
+        return f"the backward addresses B*H*S*head_dim with int32 offsets (<= {_INT32_MAX})"
+    return None
 
 
 def _ready(name: str, t: torch.Tensor) -> torch.Tensor:
@@ -80,8 +108,6 @@ class Sm90Backend:
             return False, "needs CUDA tensors"
         if tuple(call.arch) != (9, 0):
             return False, f"the wgmma 64-token forward is sm_90a only, not sm_{call.arch[0]}{call.arch[1]}"
-        if call.need_grad:
-            return False, "inference only (the sm90 64-token kernel is a forward; it has no backward)"
         if call.block_size not in _BLOCKS:
             return False, f"block_size one of {_BLOCKS}, got {call.block_size}"
         if call.dtype not in _DTYPES:
@@ -95,6 +121,10 @@ class Sm90Backend:
                 or call.batch * call.heads * qb * kvb > _INT32_MAX):
             return False, (f"exceeds the kernel's launch limits: batch and heads <= {_GRID_MAX}, "
                            f"batch*heads*q_len and batch*heads*Qb*KVb <= {_INT32_MAX}")
+        if call.need_grad:
+            problem = _backward_problem(call)
+            if problem is not None:
+                return False, problem
         if not module_installed("cutlass"):
             return False, "the CuTe DSL is not installed (pip install 'fastvideo-cute[cute]')"
         return True, "ok"
@@ -102,12 +132,18 @@ class Sm90Backend:
     def compile_keys(self, call: CallInfo, gated=False) -> Dict[str, CompileKey]:
         """``gated``: True, the fused-gate epilogue variant (``forward_gated``); ``"train"``, the one
         that also stores out_s (``forward_gated(out_s=)``): other compiled kernels."""
+        from ..kernels.cute.block_sparse_bwd64 import SM90_WS_REGISTRY_NAME
         from ..kernels.cute.block_sparse_fwd64 import SM90_REGISTRY_NAME
 
         gate = "fused+out_s" if gated == "train" else ("fused" if gated else "none")
         detail = (("kernel", SM90_REGISTRY_NAME), ("tile", "64x64"), ("target", "sm_90a"),
                   ("ragged", str(not call.kv_all_full)), ("gate", gate))
-        return {"fwd": basic_key(self.name, call, "fwd", _BLOCK, detail)}
+        keys = {"fwd": basic_key(self.name, call, "fwd", _BLOCK, detail)}
+        if call.need_grad:
+            config = ",".join(f"{k}={v}" for k, v in sorted(_BWD_WS_CONFIG.items()))
+            keys["bwd"] = basic_key(self.name, call, "bwd", _BLOCK, (
+                ("kernel", SM90_WS_REGISTRY_NAME), ("tile", "64x64"), ("target", "sm_90a"), ("config", config)))
+        return keys
 
     def _run(self, q, k, v, sparsity, kv_block_sizes, block_size: int, bshd: bool, sm_scale: float,
              gate: Optional[torch.Tensor] = None, out_c: Optional[torch.Tensor] = None,
@@ -159,5 +195,20 @@ class Sm90Backend:
         return self._run(q, k, v, sparsity, kv_block_sizes, block_size, bshd, sm_scale, gate=gate, out_c=out_c,
                          out=out, out_s=out_s)
 
-    def backward(self, *args, **kwargs):
-        raise RuntimeError("sm90 backend: inference only (the router never sends it a backward)")
+    def backward(self, q, k, v, out, dout, lse, sparsity, kv_block_sizes, *, block_size: int, bshd: bool,
+                 sm_scale: float, kv_padding_zero: bool = False):
+        """``(dq, dk, dv)`` by the warp-specialized chain (preprocess, main, postprocess), from the
+        k2q lists of ``sparsity``; ``lse`` as any forward of the contract returns it. Padded keys
+        are masked in the kernel (``kv_padding_zero`` changes nothing) and get dk = dv = 0."""
+        from ..adapters.cute_sm90_bwd64 import sm90_block_sparse_bwd64
+
+        if block_size != _BLOCK:
+            raise RuntimeError(f"sm90 backend: the backward serves 64-token blocks only, got {block_size}")
+        k2q_idx, k2q_num = BlockSparsity.of(sparsity).k2q()
+        bhsd = (lambda x: x.transpose(1, 2).contiguous()) if bshd else (lambda x: x.contiguous())
+        grads = sm90_block_sparse_bwd64(bhsd(q), bhsd(k), bhsd(v), bhsd(out), bhsd(dout), lse.contiguous(), k2q_idx,
+                                        k2q_num, kv_block_sizes, sm_scale=sm_scale, main="ws",
+                                        ws_config=dict(_BWD_WS_CONFIG))
+        if bshd:
+            grads = tuple(g.transpose(1, 2).contiguous() for g in grads)
+        return tuple(grads)

@@ -48,7 +48,13 @@ def test_serves_the_forward_it_was_verified_on(change):
     (dict(device_type="cpu", arch=None), "needs CUDA tensors"),
     (dict(arch=(10, 0)), "sm_90a only, not sm_100"),
     (dict(arch=(12, 1)), "sm_90a only, not sm_121"),
-    (dict(need_grad=True), "inference only"),
+    (dict(need_grad=True, dtype=torch.float16), "the backward is bfloat16 only, got torch.float16"),
+    (dict(need_grad=True, head_dim=64), "the backward is head_dim 128 only, got 64"),
+    (dict(need_grad=True, block_size=128), "the backward serves 64-token blocks only, got 128"),
+    (dict(need_grad=True, kv_len=16384), "q_len == kv_len, got 32768 and 16384"),
+    (dict(need_grad=True, q_len=32768 + 64, kv_len=32768 + 64), "an even number (>= 2) of 64-token blocks, got 513"),
+    (dict(need_grad=True, q_len=64, kv_len=64), "an even number (>= 2) of 64-token blocks, got 1"),
+    (dict(need_grad=True, heads=1024, batch=2), "int32 offsets"),
     (dict(block_size=32), "block_size one of (64, 128, 256), got 32"),
     (dict(block_size=512), "block_size one of (64, 128, 256), got 512"),
     (dict(dtype=torch.float32), "float16 or bfloat16 only"),
@@ -61,6 +67,56 @@ def test_serves_the_forward_it_was_verified_on(change):
 def test_support_refuses_with_reason(change, words):
     ok, reason = BACKENDS["sm90"].support(_with(**change))
     assert not ok and words in reason, reason
+
+
+@pytest.mark.skipif(not HAS_CUTE, reason="the CuTe DSL is not installed")
+@pytest.mark.parametrize("change", [dict(), dict(kv_all_full=True), dict(bshd=True), dict(batch=2),
+                                    dict(q_len=128, kv_len=128), dict(q_len=39936, kv_len=39936)])
+def test_serves_the_training_calls_its_backward_covers(change):
+    ok, reason = BACKENDS["sm90"].support(_with(need_grad=True, need_lse=True, **change))
+    assert ok, reason
+
+
+def test_compile_keys_of_a_training_call_name_the_backward():
+    from fastvideo_cute.backends.sm90_backend import _BWD_WS_CONFIG
+
+    keys = BACKENDS["sm90"].compile_keys(_with(need_grad=True))
+    assert set(keys) == {"fwd", "bwd"}
+    detail = dict(keys["bwd"].detail)
+    assert detail["kernel"] == "block_sparse_bwd64_sm90_ws" and keys["bwd"].direction == "bwd"
+    assert detail["config"] == ",".join(f"{k}={v}" for k, v in sorted(_BWD_WS_CONFIG.items()))
+
+
+def test_backward_passes_the_call_to_the_ws_chain_in_bhsd(monkeypatch):
+    """BSHD tensors reach the chain as BHSD copies and the gradients come back in the call layout;
+    the k2q lists are the map's columns; the route's kernel configuration is passed."""
+    from fastvideo_cute.adapters import cute_sm90_bwd64
+    from fastvideo_cute.backends.sm90_backend import _BWD_WS_CONFIG, Sm90Backend
+
+    seen = {}
+
+    def fake(q, k, v, out, dout, lse, k2q_idx, k2q_num, sizes, **kw):
+        seen.update(shapes=[t.shape for t in (q, k, v, out, dout)], contiguous=all(
+            t.is_contiguous() for t in (q, k, v, out, dout, lse)), idx=k2q_idx, num=k2q_num, kw=kw)
+        return q * 2, k * 3, v * 4
+
+    monkeypatch.setattr(cute_sm90_bwd64, "sm90_block_sparse_bwd64", fake)
+    b, s, h, d = 1, 256, 2, 128
+    q, k, v, out, dout = (torch.randn(b, s, h, d) for _ in range(5))
+    lse = torch.randn(b, h, s).transpose(1, 2).contiguous().transpose(1, 2)  # not contiguous
+    block_map = torch.zeros(b, h, 4, 4, dtype=torch.bool)
+    block_map[0, 1, 2, 3] = block_map[0, 1, 0, 3] = True
+    sizes = torch.full((4,), 64, dtype=torch.int32)
+    dq, dk, dv = Sm90Backend().backward(q, k, v, out, dout, lse, block_map, sizes, block_size=64, bshd=True,
+                                        sm_scale=0.125)
+    assert seen["shapes"] == [torch.Size([b, h, s, d])] * 5 and seen["contiguous"]
+    assert seen["kw"] == dict(sm_scale=0.125, main="ws", ws_config=_BWD_WS_CONFIG)
+    assert seen["num"][0, 1, 3].item() == 2 and seen["idx"][0, 1, 3, :2].tolist() == [0, 2]
+    assert seen["num"][0, 0].tolist() == [0, 0, 0, 0]
+    for g, x, f in ((dq, q, 2), (dk, k, 3), (dv, v, 4)):
+        assert g.shape == x.shape and g.is_contiguous() and torch.equal(g, x * f)
+    with pytest.raises(RuntimeError, match="64-token blocks only"):
+        Sm90Backend().backward(q, k, v, out, dout, lse, block_map, sizes, block_size=128, bshd=True, sm_scale=0.1)
 
 
 def test_support_says_when_the_cute_dsl_is_missing(monkeypatch):
@@ -87,7 +143,7 @@ def test_the_shipped_table_picks_it_where_it_was_fastest(monkeypatch):
     """The measured table (benchmarks/results/vsa_h200_table5_*.json) ranks sm90 first for the
     sm_90 64-token forward classes and the 128/256-token partial-tile ones; a training call pairs
     it with cuDNN's backward at 64 tokens, FA4's at 128/256; FA4 keeps the 128/256 full-tile
-    forwards; without the table (legacy rules) it is never chosen."""
+    forwards; without the table (legacy rules) FA4 comes first, so an inference call never takes it."""
     from fastvideo_cute import route_table
 
     for name in ("FASTVIDEO_VSA_TRITON", "FASTVIDEO_VSA_CUTEDSL", "FASTVIDEO_VSA_BACKEND"):
@@ -96,7 +152,7 @@ def test_the_shipped_table_picks_it_where_it_was_fastest(monkeypatch):
     if routes._table() is None or not BACKENDS["cudnn"].support(_with(need_grad=True))[0]:
         pytest.skip("the shipped table or cuDNN-frontend is not usable here")
     for info in (BASE, _with(need_lse=True), _with(kv_all_full=True, need_lse=True)):
-        assert "sm90" not in routes.cute_preferences(info)
+        assert routes.cute_preferences(info) == ["fa4", "sm90"]  # after FA4 without the table
         assert routes.select_route(info).name == "sm90"
     fwd, bwd = routes.select_routes(_with(need_grad=True))
     assert (fwd.name, bwd.name) == ("sm90", "cudnn")

@@ -14,9 +14,12 @@ from ._helpers import needs_fa4, plan_of
 @needs_fa4
 def test_plan_sm90_cute(clean_route_env):
     plan = plan_of(Target("cuda", (9, 0), False), "cute")
-    # FA4's sm_90 backward needs 128-wide kv tiles: a 64-block training call goes to Triton,
-    # the 64-block inference forward to FA4.
-    assert plan[64, "train"].route == "triton" and "fa4" in plan[64, "train"].note
+    # FA4's sm_90 backward needs 128-wide kv tiles: a 64-block training call goes to our wgmma
+    # kernels (sm90: forward and warp-specialized backward, both compiled), the 64-block inference
+    # forward to FA4.
+    train = plan[64, "train"]
+    assert train.route == "sm90" and set(train.keys) == {"fwd", "bwd"}
+    assert dict(train.keys["bwd"].detail)["kernel"] == "block_sparse_bwd64_sm90_ws"
     assert plan[64, "infer"].route == "fa4"
     for b in (128, 256):
         assert plan[b, "train"].route == plan[b, "infer"].route == "fa4"

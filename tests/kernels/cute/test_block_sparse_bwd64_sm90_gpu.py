@@ -77,6 +77,17 @@ MAINS = ["atomic", "ws", WS_GROUPS, WS_ALL, WS_SMEM_KV, WS_GROUPS_REDG, WS_NARRO
          WS_NARROW_DQ_GROUPS]  # the single-warpgroup kernel and the WS one
 
 
+def _route_config() -> str:
+    """The configuration the sm90 backend's backward runs (``sm90_backend._BWD_WS_CONFIG``)."""
+    from fastvideo_cute.backends.sm90_backend import _BWD_WS_CONFIG
+
+    return "ws:" + ",".join(f"{key}={int(val)}" for key, val in _BWD_WS_CONFIG.items())
+
+
+def test_the_route_runs_a_tested_configuration():
+    assert _route_config() in MAINS
+
+
 @pytest.mark.parametrize("main", MAINS)
 def test_matches_reference_full_tiles(main):
     _vs_reference(dq_reduce=main, ragged=False)
@@ -99,7 +110,8 @@ def test_sequence_lengths(nb, main):
     _vs_reference(dq_reduce=main, nb=nb, topk=min(3, nb), ragged=True)
 
 
-@pytest.mark.parametrize("dq_reduce", ["atomic", "bulk", "bulk-smemstats", "ws", WS_GROUPS, WS_ALL, WS_GROUPS_REDG])
+@pytest.mark.parametrize("dq_reduce", ["atomic", "bulk", "bulk-smemstats", "ws", WS_GROUPS, WS_ALL, WS_GROUPS_REDG,
+                                       WS_NARROW_DQ])
 def test_bulk_dq_reduce_matches_reference(dq_reduce):
     """The main kernel's two dQ paths (fp32 atomics / the tile staged and bulk-reduced), B = 2,
     ragged NaN/Inf padding, top-k 5 (an odd list length: the staging slots alternate)."""
@@ -133,7 +145,8 @@ def test_bad_input_is_refused_before_launch():
         A.sm90_block_sparse_bwd64(q.half(), k, v, o, do, lse, kidx, knum, vbs)
 
 
-@pytest.mark.parametrize("dq_reduce", ["atomic", "bulk", "bulk-smemstats", "ws", WS_GROUPS, WS_ALL, WS_GROUPS_REDG])
+@pytest.mark.parametrize("dq_reduce", ["atomic", "bulk", "bulk-smemstats", "ws", WS_GROUPS, WS_ALL, WS_GROUPS_REDG,
+                                       WS_NARROW_DQ])
 def test_65536_tokens_vs_triton_and_run_to_run(dq_reduce):
     """1,024 kv blocks (the work order's regime), 12.5 % density, 4 heads: against the Triton
     backward; two runs: dk, dv bitwise, dq within the seed's summation-order bound. The
