@@ -12,10 +12,12 @@ natural-log fp32 ``[B, H, S]``; k2q lists (``invert_indices`` layout); kv_block_
 in fp32 in no fixed order (bulk reductions or atomics), so it is not bitwise run-to-run (dk and dv
 are).
 
-Not routed: no backend calls it. Measured beside cuDNN BSA's blk64 backward on the same inputs
+Routed: the ``sm90`` backend's backward runs ``main="ws"`` (``backends/sm90_backend._BWD_WS_CONFIG``);
+"single" is not routed. Measured beside cuDNN BSA's blk64 backward on the same inputs
 (``benchmarks/explore_bwd64_sm90.py``): "single" 0.61x at S=32768, 0.59x on the Wan-1.3B grid
 (``benchmarks/results/bwd64_sm90_h200_v8.json``); "ws" 1.02x at S=32768, 0.99x on the grid, 0.89x at
-S=65536 (same file): at parity, and behind at 64K, so cuDNN keeps the route.
+S=65536 (same file): at parity, and behind at 64K, so the route table ranks cuDNN's first and this
+one second (ahead of Triton: ``benchmarks/results/vsa_h200_table7_*.json``).
 """
 
 from __future__ import annotations
