@@ -73,16 +73,8 @@ WS_GROUPS_REDG = "ws:group_blocks=3,group_min_blocks=0,bulk_dkv=0"
 # dQ = dS K of a partial kv tile issued only up to ceil16(size) (narrow_dq), alone and with q groups
 WS_NARROW_DQ = "ws:narrow_dq=1"
 WS_NARROW_DQ_GROUPS = "ws:narrow_dq=1,group_blocks=3,group_min_blocks=0"
-# two q blocks per step (block_sparse_bwd64_sm90_ws_pair): alone, with q groups of 3 blocks (odd list
-# parts: a last step with one q block), with narrow_dq, and with per-element dK/dV reductions
-WS_PAIRS = "ws:pairs=1"
-WS_PAIRS_GROUPS = "ws:pairs=1,group_blocks=3,group_min_blocks=0"
-WS_PAIRS_NARROW_DQ = "ws:pairs=1,narrow_dq=1"
-WS_PAIRS_NARROW_DQ_GROUPS = "ws:pairs=1,narrow_dq=1,group_blocks=3,group_min_blocks=0"
-WS_PAIRS_GROUPS_REDG = "ws:pairs=1,group_blocks=3,group_min_blocks=0,bulk_dkv=0"
-WS_PAIRS_ALL = [WS_PAIRS, WS_PAIRS_GROUPS, WS_PAIRS_NARROW_DQ, WS_PAIRS_NARROW_DQ_GROUPS, WS_PAIRS_GROUPS_REDG]
 MAINS = ["atomic", "ws", WS_GROUPS, WS_ALL, WS_SMEM_KV, WS_GROUPS_REDG, WS_NARROW_DQ,
-         WS_NARROW_DQ_GROUPS, *WS_PAIRS_ALL]  # the single-warpgroup kernel and the WS ones
+         WS_NARROW_DQ_GROUPS]  # the single-warpgroup kernel and the WS one
 
 
 def _route_config() -> str:
@@ -119,7 +111,7 @@ def test_sequence_lengths(nb, main):
 
 
 @pytest.mark.parametrize("dq_reduce", ["atomic", "bulk", "bulk-smemstats", "ws", WS_GROUPS, WS_ALL, WS_GROUPS_REDG,
-                                       WS_NARROW_DQ, WS_PAIRS, WS_PAIRS_NARROW_DQ])
+                                       WS_NARROW_DQ])
 def test_bulk_dq_reduce_matches_reference(dq_reduce):
     """The main kernel's two dQ paths (fp32 atomics / the tile staged and bulk-reduced), B = 2,
     ragged NaN/Inf padding, top-k 5 (an odd list length: the staging slots alternate)."""
@@ -127,7 +119,7 @@ def test_bulk_dq_reduce_matches_reference(dq_reduce):
 
 
 @pytest.mark.parametrize("dq_reduce", ["atomic", "bulk", "bulk-smemstats", "ws", WS_GROUPS, WS_ALL, WS_GROUPS_REDG,
-                                       WS_NARROW_DQ, *WS_PAIRS_ALL])
+                                       WS_NARROW_DQ])
 def test_zero_count_kv_blocks_and_empty_q_blocks(dq_reduce):
     (dq, dk, dv), lse = _vs_reference(dq_reduce=dq_reduce, excluded=(2, 5), empty_q=(1,), ragged=True)
     for j in (2, 5):
@@ -154,7 +146,7 @@ def test_bad_input_is_refused_before_launch():
 
 
 @pytest.mark.parametrize("dq_reduce", ["atomic", "bulk", "bulk-smemstats", "ws", WS_GROUPS, WS_ALL, WS_GROUPS_REDG,
-                                       WS_NARROW_DQ, WS_PAIRS, WS_PAIRS_NARROW_DQ])
+                                       WS_NARROW_DQ])
 def test_65536_tokens_vs_triton_and_run_to_run(dq_reduce):
     """1,024 kv blocks (the work order's regime), 12.5 % density, 4 heads: against the Triton
     backward; two runs: dk, dv bitwise, dq within the seed's summation-order bound. The

@@ -70,15 +70,9 @@ def sm90_main_kernel(dq_reduce: str = "bulk", stats_in_smem: bool = False):
     return BlockSparseBwd64Sm90(dq_reduce, stats_in_smem)
 
 
-def sm90_ws_main_kernel(pairs: bool = False, **config):
+def sm90_ws_main_kernel(**config):
     """The warp-specialized wgmma main kernel object (sm_90a; imports the CuTe DSL):
-    ``block_sparse_bwd64_sm90_ws.BlockSparseBwd64Sm90Ws(**config)``, or with ``pairs`` (two q blocks
-    per step) ``block_sparse_bwd64_sm90_ws_pair.BlockSparseBwd64Sm90WsPair(**config)`` (``grouped``,
-    ``bulk_dkv``, ``narrow_dq`` only)."""
-    if pairs:
-        from .block_sparse_bwd64_sm90_ws_pair import BlockSparseBwd64Sm90WsPair
-
-        return BlockSparseBwd64Sm90WsPair(**config)
+    ``block_sparse_bwd64_sm90_ws.BlockSparseBwd64Sm90Ws(**config)``."""
     from .block_sparse_bwd64_sm90_ws import BlockSparseBwd64Sm90Ws
 
     return BlockSparseBwd64Sm90Ws(**config)

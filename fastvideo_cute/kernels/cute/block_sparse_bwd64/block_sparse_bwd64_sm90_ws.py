@@ -102,8 +102,6 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
     accumulators."""
 
     name = "block_sparse_bwd64_sm90_ws"
-    #: q blocks per step (the pair build, ``block_sparse_bwd64_sm90_ws_pair``, takes two)
-    HALVES = 1
 
     def __init__(self, q_stages: int = 3, p_stages: int = 1, dq_stages: int = 1, kv_regs: bool = True,
                  grouped: bool = False, bulk_dkv: bool = True, narrow_dq: bool = False):
@@ -242,10 +240,10 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
         bar_kv = pipeline.MbarrierArray(storage.bar_kv.data_ptr(), num_stages=1, agent=(pipeline.PipelineOp.TmaLoad, one))
         pipe_q = pipeline.PipelineTmaAsync.create(barrier_storage=storage.bar_q.data_ptr(), num_stages=self.q_stages,
                                                   producer_group=one, consumer_group=consumers,
-                                                  tx_count=self.HALVES * (tile_bytes + BLOCK * 4), defer_sync=True)
+                                                  tx_count=tile_bytes + BLOCK * 4, defer_sync=True)
         pipe_do = pipeline.PipelineTmaAsync.create(barrier_storage=storage.bar_do.data_ptr(), num_stages=self.q_stages,
                                                    producer_group=one, consumer_group=consumers,
-                                                   tx_count=self.HALVES * (tile_bytes + BLOCK * 4), defer_sync=True)
+                                                   tx_count=tile_bytes + BLOCK * 4, defer_sync=True)
         cute.arch.mbarrier_init_fence()
         cute.arch.barrier()
         if count > 0:
