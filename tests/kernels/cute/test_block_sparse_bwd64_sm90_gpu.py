@@ -73,8 +73,10 @@ WS_GROUPS_REDG = "ws:group_blocks=3,group_min_blocks=0,bulk_dkv=0"
 # dQ = dS K of a partial kv tile issued only up to ceil16(size) (narrow_dq), alone and with q groups
 WS_NARROW_DQ = "ws:narrow_dq=1"
 WS_NARROW_DQ_GROUPS = "ws:narrow_dq=1,group_blocks=3,group_min_blocks=0"
+# the route's configuration with deeper rings: Q/dO four deep, or P^T / the dQ staging tile double-buffered
+WS_NARROW_DEEP = ["ws:narrow_dq=1,q_stages=4", "ws:narrow_dq=1,p_stages=2", "ws:narrow_dq=1,dq_stages=2"]
 MAINS = ["atomic", "ws", WS_GROUPS, WS_ALL, WS_SMEM_KV, WS_GROUPS_REDG, WS_NARROW_DQ,
-         WS_NARROW_DQ_GROUPS]  # the single-warpgroup kernel and the WS one
+         WS_NARROW_DQ_GROUPS, *WS_NARROW_DEEP]  # the single-warpgroup kernel and the WS one
 
 
 def _route_config() -> str:
