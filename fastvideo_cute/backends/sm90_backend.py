@@ -59,8 +59,10 @@ _GRID_MAX = 65535  # gridDim.y (heads) and gridDim.z (batch): the launch grid is
 _INT32_MAX = 2**31 - 1
 # The backward's main kernel configuration (``BlockSparseBwd64Sm90Ws``'s keyword arguments):
 # narrow_dq, dQ's k-steps of a partial kv tile cut at ceil16(size) (exact on the H200 and 1.5 %
-# faster on the Wan-1.3B grid, benchmarks/results/bwd64_sm90_h200_v12.json; full tiles unchanged)
-_BWD_WS_CONFIG = {"narrow_dq": True}
+# faster on the Wan-1.3B grid, benchmarks/results/bwd64_sm90_h200_v12.json; full tiles unchanged);
+# p_stages=2, P^T handed over through two buffers, so WG1 writes step t+1's while WG2 reads step t's
+# (2 % faster on the grid and at S=32768, 65,536 within the spread: bwd64_sm90_h200_v14.json, _v15.json)
+_BWD_WS_CONFIG = {"narrow_dq": True, "p_stages": 2}
 _BWD_HEAD_DIM = 128
 
 

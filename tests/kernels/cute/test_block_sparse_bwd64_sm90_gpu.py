@@ -148,7 +148,7 @@ def test_bad_input_is_refused_before_launch():
 
 
 @pytest.mark.parametrize("dq_reduce", ["atomic", "bulk", "bulk-smemstats", "ws", WS_GROUPS, WS_ALL, WS_GROUPS_REDG,
-                                       WS_NARROW_DQ])
+                                       WS_NARROW_DQ, "ws:narrow_dq=1,p_stages=2"])
 def test_65536_tokens_vs_triton_and_run_to_run(dq_reduce):
     """1,024 kv blocks (the work order's regime), 12.5 % density, 4 heads: against the Triton
     backward; two runs: dk, dv bitwise, dq within the seed's summation-order bound. The
