@@ -39,6 +39,7 @@ from typing import Dict, Optional
 import torch
 
 from ..call import CallInfo
+from ..kernels.cute.block_sparse_bwd64.limits import HEAD_DIM as _BWD_HEAD_DIM  # the backward kernel's own limit
 from ..metadata import BlockSparsity, split_q2k
 from ..validation import has_partial_blocks
 from .base import CompileKey, Verdict, basic_key, module_installed
@@ -63,7 +64,6 @@ _INT32_MAX = 2**31 - 1
 # p_stages=2, P^T handed over through two buffers, so WG1 writes step t+1's while WG2 reads step t's
 # (2 % faster on the grid and at S=32768, 65,536 within the spread: bwd64_sm90_h200_v14.json, _v15.json)
 _BWD_WS_CONFIG = {"narrow_dq": True, "p_stages": 2}
-_BWD_HEAD_DIM = 128
 
 
 def _backward_problem(call: CallInfo) -> Optional[str]:
