@@ -39,7 +39,6 @@ from typing import Dict, Optional
 import torch
 
 from ..call import CallInfo
-from ..kernels.cute.block_sparse_bwd64.limits import HEAD_DIM as _BWD_HEAD_DIM  # the backward kernel's own limit
 from ..metadata import BlockSparsity, split_q2k
 from ..validation import has_partial_blocks
 from .base import CompileKey, Verdict, basic_key, module_installed
@@ -68,6 +67,9 @@ _BWD_WS_CONFIG = {"narrow_dq": True, "p_stages": 2}
 
 def _backward_problem(call: CallInfo) -> Optional[str]:
     """Why the warp-specialized backward cannot serve this call (None: it can); static facts only."""
+    # the kernel's own limit, imported here: `import fastvideo_cute` loads no kernel module
+    from ..kernels.cute.block_sparse_bwd64.limits import HEAD_DIM as _BWD_HEAD_DIM
+
     if call.block_size != _BLOCK:
         return f"the backward serves 64-token blocks only, got {call.block_size}"
     if call.dtype != torch.bfloat16:
