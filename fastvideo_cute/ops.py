@@ -22,6 +22,12 @@ backend): it returns ``out_s + gate * out_c`` and has no autograd (only no-grad 
 the sparse branch's output and LSE beside the composition, for ``video_sparse_attn``'s own
 backward (``vsa_autograd``), which runs the route's block-sparse backward on them.
 
+Padding (eager calls): where only the backward's backend would copy K/V to zero their padding
+rows (a partial-tile call whose forward runs on ``sm90`` or Triton and whose backward on cuDNN or
+FA4), the forward launches a :class:`~fastvideo_cute.padding_probe.PaddingProbe` (reads only the
+padding rows, no host sync) and the backward skips the copy when the probe read zeros there (what
+a tiler writes); NaN, Inf or any non-zero value keeps the copy. ``torch.compile``'d calls copy.
+
 ``dispatch_counts`` counts, per ``(backend, "fwd" | "bwd")``, the calls the ops ran on each
 backend (tests observe which backend served a call through it; the gated forward counts as
 ``"fwd"``).
@@ -39,6 +45,7 @@ from torch import Tensor
 from .backends import BACKENDS
 from .call import call_info
 from .metadata import BlockSparsity
+from .padding_probe import PaddingProbe
 from .routes import ROUTE_SEP, select_route_name
 from .validation import check_sizes_range, has_partial_blocks
 
@@ -185,11 +192,12 @@ def _save(ctx, q, k, v, out, lse, block_map, kv_block_sizes, q2k_idx, q2k_num, b
     ctx.kv_padding_zero = kv_padding_zero
 
 
-def _run_backward(ctx, dout, bwd):
-    """dq, dk, dv through ``bwd`` (the op, or its implementation) from what :func:`_save` kept."""
+def _run_backward(ctx, dout, bwd, kv_padding_zero: bool = False):
+    """dq, dk, dv through ``bwd`` (the op, or its implementation) from what :func:`_save` kept;
+    ``kv_padding_zero``: also tell the backend K/V padding is zero (a probe's answer)."""
     q, k, v, out, lse, block_map, kv_block_sizes, q2k_idx, q2k_num = ctx.saved_tensors
     return bwd(dout, q, k, v, out, lse, block_map, kv_block_sizes, ctx.block_size, ctx.bshd, ctx.sm_scale,
-               ctx.route, q2k_idx, q2k_num, ctx.kv_padding_zero)
+               ctx.route, q2k_idx, q2k_num, ctx.kv_padding_zero or kv_padding_zero)
 
 
 def _backward(ctx, dout, dlse):
@@ -210,6 +218,17 @@ def _clean_once(route: str, kv_block_sizes: Tensor, block_size: int, need_grad: 
         return False
     parts = route.split(ROUTE_SEP)
     if not all(getattr(BACKENDS.get(p), "zeroes_kv_padding", False) for p in (parts[0], parts[-1])):
+        return False
+    return has_partial_blocks(kv_block_sizes, block_size)
+
+
+def _probe_padding(route: str, kv_block_sizes: Tensor, block_size: int, need_grad: bool, clean: bool) -> bool:
+    """Whether the eager forward probes K/V padding for its backward (:mod:`.padding_probe`): a
+    backward follows on a backend that would copy K/V to zero their padding, the forward did not
+    already make such copies (:func:`_clean_once`), and some kv block is partial."""
+    if not need_grad or clean:
+        return False
+    if not getattr(BACKENDS.get(route.split(ROUTE_SEP)[-1]), "zeroes_kv_padding", False):
         return False
     return has_partial_blocks(kv_block_sizes, block_size)
 
@@ -244,12 +263,16 @@ class _BlockSparseEager(torch.autograd.Function):
         if need_grad:
             _save(ctx, q, k, v, out, lse, block_map, kv_block_sizes, q2k_idx, q2k_num, block_size, bshd, sm_scale,
                   route, clean)
+            ctx.padding_probe = (PaddingProbe.launch(k, v, kv_block_sizes, block_size, bshd)
+                                 if _probe_padding(route, kv_block_sizes, block_size, need_grad, clean) else None)
         ctx.mark_non_differentiable(lse)
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, dlse):
-        return tuple(_run_backward(ctx, dout, _bwd_impl)) + (None,) * 11
+        probe = ctx.padding_probe
+        zero = probe is not None and probe.padding_zero()
+        return tuple(_run_backward(ctx, dout, _bwd_impl, zero)) + (None,) * 11
 
 
 def _refuse_forward_ad(*tensors: Tensor) -> None:

@@ -12,6 +12,7 @@ import fastvideo_cute as fvc
 from fastvideo_cute import ops, route_table
 from fastvideo_cute.backends import BACKENDS
 from fastvideo_cute.call import call_info
+from fastvideo_cute.padding_probe import probe_counts
 from fastvideo_cute.reference import block_sparse_attn_reference
 
 pytestmark = pytest.mark.gpu
@@ -58,6 +59,13 @@ def _route_pair(tmp_path, monkeypatch, q, k, block, fwd, bwd, bshd):
     return {(64, False): fvc.block_sparse_attn, (64, True): fvc.block_sparse_attn_bshd,
             (128, False): fvc.block_sparse_attn_128, (128, True): fvc.block_sparse_attn_128_bshd,
             (256, False): fvc.block_sparse_attn_256, (256, True): fvc.block_sparse_attn_256_bshd}[(block, bshd)]
+
+
+def _probed(fwd: str, bwd: str) -> bool:
+    """Whether the forward probes K/V padding for the backward (ops._probe_padding): only the
+    backward's backend would copy K/V to zero their padding."""
+    return (not getattr(BACKENDS[fwd], "zeroes_kv_padding", False)) and getattr(BACKENDS[bwd], "zeroes_kv_padding",
+                                                                                 False)
 
 
 def _run_observed(fn, q, k, v, m, sizes, fwd, bwd):
@@ -124,7 +132,11 @@ def test_nan_inf_padding_reaches_no_output_and_no_gradient(tmp_path, monkeypatch
     m = torch.rand(b, h, nb, nb, device="cuda") < 0.7
     m[0, :, :, 2:] = True  # every row sees the two most-padded blocks
     fn = _route_pair(tmp_path, monkeypatch, q, k, block, fwd, bwd, bshd)
+    before = probe_counts.copy()
     out, lse, dout, grads = _run_observed(fn, q, k, v, m, sizes, fwd, bwd)
+    probed = {key: n - before[key] for key, n in probe_counts.items() if n != before[key]}
+    # the forward probes the padding where only the backward would copy it, and reads "not zero"
+    assert probed == ({"launched": 1, "nonzero": 1} if _probed(fwd, bwd) else {}), probed
     assert torch.isfinite(out).all() and all(torch.isfinite(g).all() for g in grads)
     for g, x in zip(grads, (q, k, v)):
         assert g.shape == x.shape and g.is_contiguous(), (g.shape, g.stride())
@@ -136,3 +148,49 @@ def test_nan_inf_padding_reaches_no_output_and_no_gradient(tmp_path, monkeypatch
     errs = [_nerr(tb(out), ref)] + [_nerr(g, r) for g, r in zip(grads, refg)]
     print(f"\n[poisoned {fwd}>{bwd} bshd={bshd}] " + " ".join(f"{e:.2e}" for e in errs))
     assert errs[0] < OUT_TOL and max(errs[1:]) < GRAD_TOL
+
+
+# The pairs whose forward does not copy K/V but whose backward would (the route table's partial-tile
+# backward classes on the H200: sm90 forwards before cuDNN / FA4 backwards), and a Triton forward.
+PROBE_PAIRS = [(64, "sm90", "cudnn"), (128, "sm90", "cudnn"), (128, "sm90", "fa4"), (256, "sm90", "fa4"),
+               (128, "triton", "fa4")]
+
+
+@pytest.mark.parametrize("block,fwd,bwd", PROBE_PAIRS)
+@pytest.mark.parametrize("bshd", [False, True])
+def test_zero_padding_is_probed_and_not_copied(tmp_path, monkeypatch, block, fwd, bwd, bshd):
+    """K/V whose padding rows are zero (what a tiler writes): the forward's probe reads "zero", the
+    backward runs on K and V as they are (no padding-zeroed copy is made anywhere in the call), and
+    output and gradients match the fp32 reference; padded keys get dk = dv = 0."""
+    import fastvideo_cute.kernels.triton.sanitize_padding as sp
+
+    torch.manual_seed(13)
+    b, h, d, nb = 2, 2, 128, 4
+    shape = (b, nb * block, h, d) if bshd else (b, h, nb * block, d)
+    sizes = torch.tensor([block // 2 + 3, block, 17, 9], dtype=torch.int32, device="cuda")
+    pos = torch.arange(nb * block, device="cuda")
+    pad = (pos % block) >= sizes.repeat_interleave(block)
+    pad_v = pad.view(1, -1, 1, 1) if bshd else pad.view(1, 1, -1, 1)
+    q = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.where(pad_v, 0.0, torch.randn(shape, device="cuda")).to(torch.bfloat16) for _ in range(2))
+    q, k, v = (x.requires_grad_(True) for x in (q, k, v))
+    m = torch.rand(b, h, nb, nb, device="cuda") < 0.7
+    m[:, :, :, 2:] = True
+    m[1, 0, 1] = False  # a row with no block
+    fn = _route_pair(tmp_path, monkeypatch, q, k, block, fwd, bwd, bshd)
+    copies = []
+    real = sp.sanitize_kv_padding
+    monkeypatch.setattr(sp, "sanitize_kv_padding", lambda *a, **kw: copies.append(1) or real(*a, **kw))
+    before = probe_counts.copy()
+    out, lse, dout, grads = _run_observed(fn, q, k, v, m, sizes, fwd, bwd)
+    probed = {key: n - before[key] for key, n in probe_counts.items() if n != before[key]}
+    assert probed == {"launched": 1, "zero": 1}, probed
+    assert copies == []
+    assert (grads[1][pad_v.expand_as(grads[1])] == 0).all() and (grads[2][pad_v.expand_as(grads[2])] == 0).all()
+    tb = (lambda x: x.transpose(1, 2)) if bshd else (lambda x: x)
+    ref, ref_lse = block_sparse_attn_reference(tb(q), tb(k), tb(v), m, sizes, block)
+    refg = torch.autograd.grad(ref, (q, k, v), tb(dout).float())
+    errs = [_nerr(tb(out), ref)] + [_nerr(g, r) for g, r in zip(grads, refg)]
+    print(f"\n[probed {fwd}>{bwd} bshd={bshd}] " + " ".join(f"{e:.2e}" for e in errs))
+    assert errs[0] < OUT_TOL and max(errs[1:]) < GRAD_TOL
+    assert torch.equal(torch.isneginf(lse), ~torch.isfinite(ref_lse))

@@ -193,3 +193,65 @@ def test_eager_forward_zeroes_nothing_without_backward_or_partial_blocks(monkeyp
     assert not ops._clean_once("fa4|triton", part, 64, True)
     assert not ops._clean_once("triton|cudnn", part, 64, True)
     assert not ops._clean_once(ops.EMPTY_ROUTE, part, 64, True)
+
+
+def test_probe_wanted_only_where_the_backward_would_copy():
+    from fastvideo_cute.validation import check_sizes_range
+
+    full = torch.full((3,), 64, dtype=torch.int32)
+    part = torch.tensor([64, 40, 17], dtype=torch.int32)
+    for t in (full, part):
+        check_sizes_range(t, 64)
+    assert ops._probe_padding("sm90|cudnn", part, 64, True, False)
+    assert ops._probe_padding("sm90|fa4", part, 64, True, False)
+    assert ops._probe_padding("triton|cudnn", part, 64, True, False)
+    assert not ops._probe_padding("sm90|cudnn", part, 64, True, True)  # the forward made the copies
+    assert not ops._probe_padding("sm90|cudnn", part, 64, False, False)  # no backward
+    assert not ops._probe_padding("sm90|cudnn", full, 64, True, False)  # nothing to copy
+    assert not ops._probe_padding("cudnn|sm90", part, 64, True, False)  # masks padding in its kernel
+    assert not ops._probe_padding("fa4|triton", part, 64, True, False)
+    assert not ops._probe_padding(ops.EMPTY_ROUTE, part, 64, True, False)
+
+
+@pytest.mark.parametrize("poison", [None, float("nan"), 0.5])
+@pytest.mark.parametrize("bshd", [False, True])
+def test_eager_probe_tells_the_backward_whether_padding_is_zero(monkeypatch, poison, bshd):
+    """A route whose backward copies K/V to zero their padding and whose forward does not (emulated
+    on the Triton route, which masks padding itself, so nothing may change): the forward probes the
+    padding, the backward is told ``kv_padding_zero`` exactly when every padding row of K and V is
+    zero (NaN or a finite non-zero value in one row of V: not), and results equal the plain run's."""
+    from fastvideo_cute import padding_probe
+    from fastvideo_cute.backends import BACKENDS
+
+    monkeypatch.setenv("FASTVIDEO_VSA_TRITON", "1")
+    g = torch.Generator().manual_seed(6)
+    shape = (1, 192, 2, 32) if bshd else (1, 2, 192, 32)
+    q, k, v, dout = (torch.randn(shape, generator=g).to(DEV) for _ in range(4))
+    sizes = torch.tensor([64, 40, 17], dtype=torch.int32, device=DEV)
+    seq = (slice(None),) if bshd else (slice(None), slice(None))
+    for x in (k, v):
+        x[seq + (slice(64 + 40, 128),)] = 0.0
+        x[seq + (slice(128 + 17, None),)] = 0.0
+    if poison is not None:
+        v[seq + (slice(150, 151),)] = poison
+    m = torch.ones(1, 2, 3, 3, dtype=torch.bool, device=DEV)
+    fn = fvc.block_sparse_attn_bshd if bshd else fvc.block_sparse_attn
+
+    def run():
+        leaves = [x.clone().requires_grad_(True) for x in (q, k, v)]
+        out, _ = fn(*leaves, m, sizes)
+        return (out,) + torch.autograd.grad(out, leaves, dout)
+
+    want = run()
+    be = BACKENDS["triton"]
+    seen = spy_backend_calls(monkeypatch, be)
+    monkeypatch.setattr(type(be), "zeroes_kv_padding", True, raising=False)
+    monkeypatch.setattr(ops, "_clean_once", lambda *a: False)  # the forward makes no copies
+    before = padding_probe.probe_counts.copy()
+    got = run()
+    for a, b in zip(want, got):
+        assert torch.isfinite(a).all() and torch.equal(a, b)
+    [(_, _, bkw)] = [s for s in seen if s[0] == "backward"]
+    assert bkw["kv_padding_zero"] is (poison is None)
+    ran = {key: n - before[key] for key, n in padding_probe.probe_counts.items() if n != before[key]}
+    assert ran == {"launched": 1, "zero" if poison is None else "nonzero": 1}, ran

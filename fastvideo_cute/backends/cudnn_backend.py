@@ -6,7 +6,9 @@ index-native API) go straight in; a bool map becomes lists first (``map_to_index
 launch on a GPU); 256-token blocks run as 128-token tiles. Padding keys/values are made
 harmless by one fused copy with the padding zeroed, only when some kv block is partial (V alone
 for an inference forward, K and V when a backward follows; the backward copies again rather
-than keeping two more K/V-sized tensors alive between the passes). Installed with
+than keeping two more K/V-sized tensors alive between the passes, unless told ``kv_padding_zero``:
+by ``video_sparse_attn``'s compression pass, or by the eager forward's padding probe, see
+:mod:`fastvideo_cute.padding_probe`). Installed with
 ``pip install 'fastvideo-cute[cudnn]'``; imported lazily.
 
 Verified on the H200 (sm_90) when its GPU tests have passed there (``verified_on``); the

@@ -297,3 +297,18 @@ def test_rounds_merge_to_the_median_of_interleaved_measurements(bench):
     assert peer["status"] == "error" and peer["reason"] == "boom"
     even = bench.merge_rounds([dict(route, ms=1.0), dict(route, ms=2.0)])
     assert len(even) == 1 and even[0]["ms"] == 1.5
+
+
+def test_rounds_rotate_the_entry_order(bench):
+    """Round r starts r entries later, so over len(entries) rounds every entry runs in every
+    position once; round 0 is routes then peers as given."""
+    routes, peers = ["default", "cute"], ["cudnn-bsa", "fastvideo", "fa4-bsparse"]
+    entries = [("route", r) for r in routes] + [("peer", p) for p in peers]
+    orders = [bench.round_order(routes, peers, r) for r in range(len(entries))]
+    assert orders[0] == entries
+    for order in orders:
+        assert sorted(order) == sorted(entries)
+    for pos in range(len(entries)):
+        assert sorted(o[pos] for o in orders) == sorted(entries)
+    assert bench.round_order(routes, peers, len(entries)) == entries
+    assert bench.round_order([], [], 3) == []

@@ -132,3 +132,16 @@ def test_e2e_rounds_take_the_median_and_keep_every_round():
     assert e2e.merge_rounds([single]) is single and "ms_rounds" not in single
     bad = _row("ours", None, status="error")
     assert e2e.merge_rounds([_row("ours", 2.0), bad])["status"] == "error"
+
+
+def test_ab_padding_probe_cli_and_the_switch_it_patches():
+    """``ab_padding_probe.py`` parses, and the ops function it patches to turn the probe off exists
+    (a renamed one would leave both arms probing)."""
+    from fastvideo_cute import ops
+
+    assert callable(ops._probe_padding)
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "ab_padding_probe.py"), "--help"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    for flag in ("--grid", "--tile", "--rounds", "--out"):
+        assert flag in out.stdout
