@@ -13,7 +13,7 @@ backward makes its padding-zeroed K/V copy, the behaviour before the probe). The
 are compared with each other (same kernels, same inputs: equal up to the backward kernels' own
 run-to-run atomics). Writes JSON with per-round times and the medians.
 
-  python benchmarks/ab_padding_probe.py --grid 21 30 52 --tile 4 4 4 --tile 4 8 8 --out ab_probe.json
+  python benchmarks/ab_padding_probe.py --grid 21 30 52 --tile 4 4 4 --tile 2 8 8 --tile 4 8 8 --out ab_probe.json
 """
 
 from __future__ import annotations

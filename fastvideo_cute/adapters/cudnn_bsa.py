@@ -56,7 +56,7 @@ import torch
 
 from .cudnn_bsa_direct import cudnn_fwd_direct, direct_fwd_problems
 from .cudnn_bsa_metadata import CudnnBlockSparseMeta, build_cudnn_metadata, cudnn_lse_to_contract
-from .cudnn_bsa_support import CUDNN_PHYSICAL_TILE, cudnn_support
+from .cudnn_bsa_support import CUDNN_PHYSICAL_TILE, cudnn_bwd_bucket, cudnn_support
 from ..validation import smallest_block
 
 __all__ = [
@@ -345,7 +345,8 @@ def cudnn_block_sparse_bwd(dout, q, k, v, out, lse, q2k_idx, q2k_num, kv_block_s
     ``saved``: the forward's :class:`CudnnSaved` (its sanitized K/V and metadata are reused);
     without it (or for what it lacks) the metadata is rebuilt and K/V sanitized here when some kv
     block is partial. Pass the same ``all_full`` (and ``padding_finite``) as the forward. Padded
-    keys get dk = dv = 0.
+    keys get dk = dv = 0. cuDNN's q-group size is :func:`.cudnn_bsa_support.cudnn_bwd_bucket`'s (one
+    group where that measured faster than cuDNN's default).
     """
     b, h, sq, skv, d = _check_qkv(q, k, v, bshd)
     for name, t in (("out", out), ("dout", dout)):
@@ -381,6 +382,8 @@ def cudnn_block_sparse_bwd(dout, q, k, v, out, lse, q2k_idx, q2k_num, kv_block_s
     dq = torch.empty_like(q, memory_format=torch.contiguous_format)
     dk = torch.empty_like(k, memory_format=torch.contiguous_format)
     dv = torch.empty_like(v, memory_format=torch.contiguous_format)
+    bucket = cudnn_bwd_bucket(torch.cuda.get_device_capability(q.device), meta.sparse_block, sq)
     gq, gk, gv = cudnn_bwd_prebuilt(_aligned(dout), _aligned(q), k_run, v_run, _aligned(out), lse.contiguous(),
-                                    meta, bshd=bshd, softmax_scale=softmax_scale, dq=dq, dk=dk, dv=dv)
+                                    meta, bshd=bshd, softmax_scale=softmax_scale, dq=dq, dk=dk, dv=dv,
+                                    bucket_size_blocks=bucket)
     return _contiguous_out(gq, q, "dq"), _contiguous_out(gk, k, "dk"), _contiguous_out(gv, v, "dv")

@@ -39,7 +39,7 @@ from typing import Optional, Tuple
 
 import torch
 
-__all__ = ["CUDNN_PHYSICAL_TILE", "cudnn_support", "cudnn_arch_int"]
+__all__ = ["CUDNN_PHYSICAL_TILE", "cudnn_support", "cudnn_arch_int", "cudnn_bwd_bucket", "ONE_GROUP_MAX_Q_BLOCKS"]
 
 #: logical block size -> the physical (q and kv) tile cuDNN runs (its ``sparse_block_size``).
 CUDNN_PHYSICAL_TILE = {64: 64, 128: 128, 256: 128}
@@ -127,3 +127,24 @@ def cudnn_support(arch, dtype, head_dim: int, block_size: int, need_grad: bool, 
     if (q_len // tile) * (kv_len // tile) > _INT32_MAX:
         return False, f"{q_len // tile} x {kv_len // tile} k2q edges per (batch, head) exceed cuDNN's int32 CSR"
     return True, ""
+
+
+#: sm_90: physical q blocks up to which the backward runs as ONE q group (``bucket_size_blocks`` =
+#: this bound) instead of cuDNN's default groups (384 q blocks at blk64, 256 at blk128). One group
+#: writes dK/dV once per kv block (no fp32 workspace to zero, accumulate with atomics and convert).
+#: Measured on the H200, 5 rotated rounds (benchmarks/results/sweep_cudnn_bwd64_h200_v2.json,
+#: sweep_cudnn_bwd128_h200.json): blk128 Wan-1.3B grid (308 q blocks) 5.12 vs 5.61 ms, S=32768 (256:
+#: one group either way) 3.70 vs 3.76; blk64 S=32768 (512) 4.86 vs 5.04 ms (and 4.53-4.64 vs 4.68 in
+#: sweep_cudnn_bwd_h200.json). Past the bound one group was slower (blk64 S=65536: 23.4 vs 19.9 ms;
+#: blk128 S=65536: 15.9-16.2 vs 15.4) and the Wan grid at blk64 (624) gained nothing (7.12 vs 7.09).
+ONE_GROUP_MAX_Q_BLOCKS = {64: 512, 128: 384}
+
+
+def cudnn_bwd_bucket(arch, sparse_block: int, q_len: int) -> Optional[int]:
+    """cuDNN backward's ``bucket_size_blocks`` for a call: the one-group bound where it applies
+    (sm_90, at most that many physical q blocks of ``sparse_block`` tokens), else None (cuDNN's
+    default; other arches keep cuDNN's own choice: not measured there)."""
+    limit = ONE_GROUP_MAX_Q_BLOCKS.get(int(sparse_block))
+    if arch is None or int(tuple(arch)[0]) != 9 or limit is None:
+        return None
+    return limit if -(-int(q_len) // int(sparse_block)) <= limit else None

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Dict
 
-from ..adapters.cudnn_bsa_support import cudnn_support
+from ..adapters.cudnn_bsa_support import cudnn_bwd_bucket, cudnn_support
 from ..call import CallInfo
 from ..metadata import BlockSparsity
 from ..validation import has_partial_blocks
@@ -63,8 +63,13 @@ class CudnnBackend:
         tile = 64 if call.block_size == 64 else 128
         detail = (("tile", f"{tile}x{tile}"), ("layout", "bshd" if call.bshd else "bhsd"),
                   ("ragged", str(not call.kv_all_full)))
-        directions = ("fwd", "bwd") if call.need_grad else ("fwd",)
-        return {d: basic_key(self.name, call, d, call.block_size, detail) for d in directions}
+        keys = {"fwd": basic_key(self.name, call, "fwd", call.block_size, detail)}
+        if call.need_grad:  # one q group or several: cuDNN compiles a kernel variant for each (blk128)
+            default_group = 384 if tile == 64 else 256
+            one = cudnn_bwd_bucket(call.arch, tile, call.q_len) is not None or call.q_len <= tile * default_group
+            keys["bwd"] = basic_key(self.name, call, "bwd", call.block_size,
+                                    detail + (("q_groups", "1" if one else "several"),))
+        return keys
 
     def forward(self, q, k, v, sparsity, kv_block_sizes, *, block_size: int, bshd: bool, need_backward: bool,
                 sm_scale: float, kv_padding_zero: bool = False):

@@ -388,6 +388,35 @@ def test_long_sequence_sampled_rows():
     _check("dq[sampled]", qr.grad.transpose(1, 2), dq.view(1, n, block, h, d)[:, rows].reshape(1, -1, h, d), GRAD_TOL)
 
 
+@pytest.mark.parametrize("block,nb", [(64, 448), (128, 300), (256, 150)])
+def test_one_q_group_backward_matches_reference(block, nb):
+    """Lengths where the adapter runs cuDNN's backward as one q group and cuDNN's default would use
+    several (cudnn_bwd_bucket: 448 blk64 q blocks > 384; 300 blk128 > 256, also for 256-token blocks
+    as 128-token tiles): every gradient against the fp32 reference, ragged sizes, B = H = 1."""
+    from fastvideo_cute.adapters.cudnn_bsa_support import CUDNN_PHYSICAL_TILE, cudnn_bwd_bucket
+
+    s, d = nb * block, 128
+    _need(block, True, q_len=s, kv_len=s)
+    tile = CUDNN_PHYSICAL_TILE[block]
+    if cudnn_bwd_bucket(ARCH, tile, s) is None:
+        pytest.skip(f"no one-group policy on sm_{ARCH[0]}{ARCH[1]}")
+    assert s // tile > (384 if tile == 64 else 256)  # cuDNN's default would split the q blocks
+    g = torch.Generator(device=DEV).manual_seed(block)
+    q, k, v, dout = (torch.randn(1, s, 1, d, device=DEV, dtype=torch.bfloat16, generator=g) for _ in range(4))
+    scores = torch.rand(1, 1, nb, nb, device=DEV, generator=g)
+    block_map = torch.zeros(1, 1, nb, nb, dtype=torch.bool, device=DEV)
+    block_map.scatter_(-1, scores.topk(max(1, nb // 8), dim=-1).indices, True)
+    sizes = torch.full((nb,), block, dtype=torch.int32, device=DEV)
+    sizes[::7] = block // 2 + 5
+    out, lse, saved = _fwd(q, k, v, block_map, sizes, block, "bshd", all_full=False, need_backward=True)
+    dq, dk, dv = _bwd(dout, q, k, v, out, lse, block_map, sizes, block, "bshd", all_full=False, saved=saved)
+    ref_out, _, (rdq, rdk, rdv) = _reference(q, k, v, block_map, sizes, block, "bshd", dout=dout)
+    print(f"[one q group block={block} S={s}]")
+    _check("out", ref_out, out, OUT_TOL)
+    for name, ref, got in (("dq", rdq, dq), ("dk", rdk, dk), ("dv", rdv, dv)):
+        _check(name, ref, got, GRAD_TOL)
+
+
 def test_softmax_scale_none_is_inverse_sqrt_head_dim():
     block = 128
     _need(block, False)

@@ -192,3 +192,21 @@ def test_unsupported_call_raises_before_any_launch():
     with pytest.raises(ValueError, match="k and v must have one shape"):
         C.cudnn_block_sparse_fwd(q, q, q[:, :64], idx, num, sizes, block_size=128, bshd=True, softmax_scale=None,
                                  all_full=True)
+
+
+def test_backward_bucket_is_one_group_only_where_measured_faster():
+    """sm_90: one q group up to the measured bound (blk64: 512 q blocks, blk128: 384), cuDNN's
+    default past it and on every other arch."""
+    from fastvideo_cute.adapters.cudnn_bsa_support import ONE_GROUP_MAX_Q_BLOCKS, cudnn_bwd_bucket
+
+    assert ONE_GROUP_MAX_Q_BLOCKS == {64: 512, 128: 384}
+    assert cudnn_bwd_bucket((9, 0), 64, 32768) == 512  # 512 q blocks
+    assert cudnn_bwd_bucket((9, 0), 64, 32768 + 64) is None
+    assert cudnn_bwd_bucket((9, 0), 64, 39936) is None  # the Wan-1.3B grid at 64: 624 q blocks
+    assert cudnn_bwd_bucket((9, 0), 128, 39424) == 384  # the grid at 128: 308
+    assert cudnn_bwd_bucket((9, 0), 128, 43008) == 384  # the grid at 256 as 128-token tiles: 336
+    assert cudnn_bwd_bucket((9, 0), 128, 384 * 128) == 384
+    assert cudnn_bwd_bucket((9, 0), 128, 65536) is None
+    for arch in ((10, 0), (12, 1), None):
+        assert cudnn_bwd_bucket(arch, 64, 4096) is None and cudnn_bwd_bucket(arch, 128, 4096) is None
+    assert cudnn_bwd_bucket((9, 0), 256, 4096) is None  # not a physical tile

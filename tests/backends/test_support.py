@@ -72,3 +72,21 @@ def test_forced_cudnn_that_cannot_serve_raises(monkeypatch):
     monkeypatch.setenv("FASTVIDEO_VSA_BACKEND", "cudnn")
     with pytest.raises(RouteError, match="FASTVIDEO_VSA_BACKEND=cudnn cannot serve this call: cuDNN BSA needs CUDA"):
         select_route(_with(device_type="cpu", arch=None))
+
+
+def test_cudnn_backward_compile_key_names_its_q_grouping():
+    """The warm-up keys cuDNN's backward on one q group vs several (its blk128 kernel compiles a
+    variant for each): one group up to the adapter's bound on sm_90 (cudnn_bwd_bucket), else by
+    cuDNN's default group size."""
+    be = BACKENDS["cudnn"]
+
+    def groups(arch, block, q_len):
+        call = dataclasses.replace(BASE, arch=arch, block_size=block, need_grad=True, q_len=q_len, kv_len=q_len)
+        return dict(be.compile_keys(call)["bwd"].detail)["q_groups"]
+
+    assert groups((9, 0), 128, 39424) == "1"  # 308 q blocks: the adapter's one group
+    assert groups((9, 0), 128, 65536) == "several"
+    assert groups((10, 0), 128, 39424) == "several"  # cuDNN's default there: groups of 256
+    assert groups((10, 0), 128, 256 * 128) == "1"
+    assert groups((9, 0), 64, 32768) == "1" and groups((9, 0), 64, 39936) == "several"
+    assert "bwd" not in be.compile_keys(dataclasses.replace(BASE, arch=(9, 0), need_grad=False))
