@@ -23,11 +23,11 @@ Limits: the last dim must have stride 1; ``D <= 256``. Runs on CPU tensors under
 
 from __future__ import annotations
 
-from typing import Tuple
-
 import torch
 import triton
 import triton.language as tl
+
+from .sanitize_padding import bhsd_dims, bhsd_strides, check_kv_block_sizes
 
 __all__ = ["padding_nonzero_triton", "MAX_HEAD_DIM"]
 
@@ -66,18 +66,6 @@ def _padding_nonzero_kernel(
             tl.atomic_max(Flag, 1)
 
 
-def _bhsd_strides(x: torch.Tensor, bshd: bool) -> Tuple[int, int, int]:
-    """(batch, head, seq) strides of a 4-D tensor in the call layout."""
-    if bshd:
-        return x.stride(0), x.stride(2), x.stride(1)
-    return x.stride(0), x.stride(1), x.stride(2)
-
-
-def _dims(x: torch.Tensor, bshd: bool) -> Tuple[int, int, int, int]:
-    b, a, c, d = x.shape
-    return (b, c, a, d) if bshd else (b, a, c, d)
-
-
 def padding_nonzero_triton(k: torch.Tensor, v: torch.Tensor, kv_block_sizes: torch.Tensor, kv_block: int,
                            flag: torch.Tensor, *, bshd: bool) -> None:
     """Set ``flag[0] = 1`` when a padding row of ``k`` or ``v`` holds a value that is not zero
@@ -95,28 +83,21 @@ def padding_nonzero_triton(k: torch.Tensor, v: torch.Tensor, kv_block_sizes: tor
             raise ValueError(f"{name} must have a unit last (head_dim) stride, got strides {t.stride()}")
     if v.shape != k.shape or v.device != k.device:
         raise ValueError(f"v {tuple(v.shape)} on {v.device} must match k {tuple(k.shape)} on {k.device}")
-    B, H, S, D = _dims(k, bshd)
+    B, H, S, D = bhsd_dims(k, bshd)
     if D > MAX_HEAD_DIM:
         raise ValueError(f"head_dim {D} exceeds {MAX_HEAD_DIM}")
-    if kv_block <= 0 or S % kv_block:
-        raise ValueError(f"kv length {S} must be a positive multiple of kv_block={kv_block}")
-    if (not isinstance(kv_block_sizes, torch.Tensor) or kv_block_sizes.dtype != torch.int32
-            or tuple(kv_block_sizes.shape) != (S // kv_block,) or not kv_block_sizes.is_contiguous()):
-        got = (f"{kv_block_sizes.dtype} {tuple(kv_block_sizes.shape)}" if isinstance(kv_block_sizes, torch.Tensor)
-               else type(kv_block_sizes).__name__)
-        raise ValueError(f"kv_block_sizes must be contiguous int32 [{S // kv_block}], got {got}")
+    check_kv_block_sizes(kv_block_sizes, S, kv_block, k.device, "k")
     if (not isinstance(flag, torch.Tensor) or flag.dtype != torch.int32 or flag.numel() < 1
             or not flag.is_contiguous()):
         raise ValueError("flag must be a contiguous int32 tensor with at least one element")
-    for name, t in (("kv_block_sizes", kv_block_sizes), ("flag", flag)):
-        if t.device != k.device:
-            raise ValueError(f"{name} is on {t.device}, k on {k.device}")
+    if flag.device != k.device:
+        raise ValueError(f"flag is on {flag.device}, k on {k.device}")
     if B * H * S == 0:
         return
     block_d = max(triton.next_power_of_2(D), 16)
     chunk = max(8, min(32, 4096 // block_d))
     grid = (S // kv_block, B * H)
-    args = (k, v, kv_block_sizes, flag, *_bhsd_strides(k, bshd), *_bhsd_strides(v, bshd), H, D)
+    args = (k, v, kv_block_sizes, flag, *bhsd_strides(k, bshd), *bhsd_strides(v, bshd), H, D)
     kw = dict(KV_BLOCK=kv_block, CHUNK=chunk, BLOCK_D=block_d, num_warps=4)
     if k.is_cuda:
         with torch.cuda.device(k.device):  # Triton launches on the current device

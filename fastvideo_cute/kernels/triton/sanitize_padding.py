@@ -66,14 +66,28 @@ def _sanitize_kernel(
         tl.store(VO + b * svo_b + h * svo_h + s64 * svo_s + d64, y, mask=store_mask)
 
 
-def _bhsd_strides(x: torch.Tensor, bshd: bool) -> Tuple[int, int, int]:
+def check_kv_block_sizes(kv_block_sizes, S: int, kv_block: int, device, ref_name: str) -> None:
+    """``S`` a positive multiple of ``kv_block``; the sizes contiguous int32 ``[S / kv_block]`` on
+    ``device`` (where the tensor named ``ref_name`` lives). Raises ``ValueError`` naming them."""
+    if kv_block <= 0 or S % kv_block:
+        raise ValueError(f"kv length {S} must be a positive multiple of kv_block={kv_block}")
+    if (not isinstance(kv_block_sizes, torch.Tensor) or kv_block_sizes.dtype != torch.int32
+            or tuple(kv_block_sizes.shape) != (S // kv_block,) or not kv_block_sizes.is_contiguous()):
+        got = (f"{kv_block_sizes.dtype} {tuple(kv_block_sizes.shape)}" if isinstance(kv_block_sizes, torch.Tensor)
+               else type(kv_block_sizes).__name__)
+        raise ValueError(f"kv_block_sizes must be contiguous int32 [{S // kv_block}], got {got}")
+    if kv_block_sizes.device != device:
+        raise ValueError(f"kv_block_sizes is on {kv_block_sizes.device}, {ref_name} on {device}")
+
+
+def bhsd_strides(x: torch.Tensor, bshd: bool) -> Tuple[int, int, int]:
     """(batch, head, seq) strides of a 4-D tensor in the call layout."""
     if bshd:
         return x.stride(0), x.stride(2), x.stride(1)
     return x.stride(0), x.stride(1), x.stride(2)
 
 
-def _dims(x: torch.Tensor, bshd: bool) -> Tuple[int, int, int, int]:
+def bhsd_dims(x: torch.Tensor, bshd: bool) -> Tuple[int, int, int, int]:
     b, a, c, d = x.shape
     return (b, c, a, d) if bshd else (b, a, c, d)
 
@@ -108,18 +122,10 @@ def sanitize_padding_triton(k: Optional[torch.Tensor], v: Optional[torch.Tensor]
         elif x.shape != ref[1].shape or x.device != ref[1].device:
             raise ValueError(f"{name} {tuple(x.shape)} must match {ref[0]} {tuple(ref[1].shape)} on one device")
     x0 = ref[1]
-    B, H, S, D = _dims(x0, bshd)
+    B, H, S, D = bhsd_dims(x0, bshd)
     if D > MAX_HEAD_DIM:
         raise ValueError(f"head_dim {D} exceeds {MAX_HEAD_DIM}")
-    if kv_block <= 0 or S % kv_block:
-        raise ValueError(f"kv length {S} must be a positive multiple of kv_block={kv_block}")
-    if (not isinstance(kv_block_sizes, torch.Tensor) or kv_block_sizes.dtype != torch.int32
-            or tuple(kv_block_sizes.shape) != (S // kv_block,) or not kv_block_sizes.is_contiguous()):
-        got = (f"{kv_block_sizes.dtype} {tuple(kv_block_sizes.shape)}" if isinstance(kv_block_sizes, torch.Tensor)
-               else type(kv_block_sizes).__name__)
-        raise ValueError(f"kv_block_sizes must be contiguous int32 [{S // kv_block}], got {got}")
-    if kv_block_sizes.device != x0.device:
-        raise ValueError(f"kv_block_sizes is on {kv_block_sizes.device}, {ref[0]} on {x0.device}")
+    check_kv_block_sizes(kv_block_sizes, S, kv_block, x0.device, ref[0])
     if B * H * S == 0:
         return
     do_k, do_v = k is not None, v is not None
@@ -129,8 +135,8 @@ def sanitize_padding_triton(k: Optional[torch.Tensor], v: Optional[torch.Tensor]
     block_s = max(16, min(64, 8192 // block_d))
     grid = (triton.cdiv(S, block_s), B * H)
     args = (kk, vv, ko, vo, kv_block_sizes,
-            *_bhsd_strides(kk, bshd), *_bhsd_strides(vv, bshd),
-            *_bhsd_strides(ko, bshd), *_bhsd_strides(vo, bshd),
+            *bhsd_strides(kk, bshd), *bhsd_strides(vv, bshd),
+            *bhsd_strides(ko, bshd), *bhsd_strides(vo, bshd),
             H, S, D)
     kw = dict(KV_BLOCK=kv_block, BLOCK_S=block_s, BLOCK_D=block_d, DO_K=do_k, DO_V=do_v, num_warps=4)
     if x0.is_cuda:
