@@ -30,7 +30,8 @@ PAIRS = [(128, "fa4", "triton"), (128, "triton", "fa4"), (128, "cudnn", "triton"
          (64, "sm90", "cudnn"), (64, "sm90", "triton"), (64, "sm90", "sm90"), (64, "cudnn", "sm90"),
          (64, "triton", "sm90"),
          # ... and at 128/256-token blocks (run as the 64-token tiles that cover them)
-         (128, "sm90", "cudnn"), (128, "sm90", "fa4"), (256, "sm90", "fa4"), (256, "sm90", "triton")]
+         (128, "sm90", "cudnn"), (128, "sm90", "fa4"), (256, "sm90", "cudnn"), (256, "sm90", "fa4"),
+         (256, "sm90", "triton")]
 
 
 def _route_pair(tmp_path, monkeypatch, q, k, block, fwd, bwd, bshd):
@@ -104,7 +105,7 @@ def test_forward_and_backward_on_different_backends(tmp_path, monkeypatch, block
 # The pairs whose backward reads partial kv tiles whole (FA4, cuDNN: padding-zeroed copies), with the
 # forward before each that the route table pairs it with or that shares the copies (fa4 > fa4).
 POISON_PAIRS = [(128, "sm90", "fa4"), (256, "sm90", "fa4"), (128, "fa4", "fa4"), (64, "sm90", "cudnn"),
-                (128, "cudnn", "cudnn"),
+                (128, "sm90", "cudnn"), (256, "sm90", "cudnn"), (128, "cudnn", "cudnn"),
                 # the sm90 backward masks padded keys in its kernel (no copy): after its own forward
                 # and after cuDNN's (whose forward reads V's padding-zeroed copy)
                 (64, "sm90", "sm90"), (64, "cudnn", "sm90")]
@@ -151,9 +152,10 @@ def test_nan_inf_padding_reaches_no_output_and_no_gradient(tmp_path, monkeypatch
 
 
 # The pairs whose forward does not copy K/V but whose backward would (the route table's partial-tile
-# backward classes on the H200: sm90 forwards before cuDNN / FA4 backwards), and a Triton forward.
-PROBE_PAIRS = [(64, "sm90", "cudnn"), (128, "sm90", "cudnn"), (128, "sm90", "fa4"), (256, "sm90", "fa4"),
-               (128, "triton", "fa4")]
+# classes on the H200: sm90 forwards before cuDNN backwards (v8), FA4 where cuDNN cannot), and a
+# Triton forward.
+PROBE_PAIRS = [(64, "sm90", "cudnn"), (128, "sm90", "cudnn"), (128, "sm90", "fa4"), (256, "sm90", "cudnn"),
+               (256, "sm90", "fa4"), (128, "triton", "fa4")]
 
 
 @pytest.mark.parametrize("block,fwd,bwd", PROBE_PAIRS)

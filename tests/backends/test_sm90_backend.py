@@ -140,10 +140,11 @@ def test_compile_keys_name_the_kernel_and_the_gate_variant():
 
 
 def test_the_shipped_table_picks_it_where_it_was_fastest(monkeypatch):
-    """The measured table (benchmarks/results/vsa_h200_table7_*.json) ranks sm90 first for the
-    sm_90 64-token forward classes and the 128/256-token partial-tile ones; a training call pairs
-    it with cuDNN's backward at 64 tokens, FA4's at 128/256; FA4 keeps the 128/256 full-tile
-    forwards; without the table (legacy rules) FA4 comes first, so an inference call never takes it."""
+    """The measured table (v8: benchmarks/results/vsa_h200_table8_grid.json + table7_synthetic) ranks
+    sm90 first for the sm_90 64-token forward classes and the 128/256-token partial-tile ones; a
+    training call pairs it with cuDNN's backward (partial tiles: one q group at these lengths), FA4's
+    at 128/256 where cuDNN cannot serve; FA4 keeps the 128/256 full-tile forwards; without the table
+    (legacy rules) FA4 comes first, so an inference call never takes it."""
     from fastvideo_cute import route_table
 
     for name in ("FASTVIDEO_VSA_TRITON", "FASTVIDEO_VSA_CUTEDSL", "FASTVIDEO_VSA_BACKEND"):
@@ -160,11 +161,15 @@ def test_the_shipped_table_picks_it_where_it_was_fastest(monkeypatch):
         assert routes.select_route(_with(block_size=block)).name == "sm90"  # partial tiles
         assert routes.select_route(_with(block_size=block, kv_all_full=True)).name == "fa4"
         fwd, bwd = routes.select_routes(_with(block_size=block, need_grad=True))
-        assert (fwd.name, bwd.name) == ("sm90", "fa4")
-    # table v7 ranks our backward second for the 64-token classes: it serves when cuDNN cannot
+        assert (fwd.name, bwd.name) == ("sm90", "cudnn")
+    # the table ranks our backward second for the 64-token classes and FA4's for the 128/256-token
+    # partial-tile ones: they serve when cuDNN cannot
     monkeypatch.setattr(BACKENDS["cudnn"], "support", lambda info: (False, "not installed"))
     fwd, bwd = routes.select_routes(_with(need_grad=True))
     assert (fwd.name, bwd.name) == ("sm90", "sm90")
+    for block in (128, 256):
+        fwd, bwd = routes.select_routes(_with(block_size=block, need_grad=True))
+        assert (fwd.name, bwd.name) == ("sm90", "fa4")
     monkeypatch.setenv(route_table.TABLE_ENV, "off")
     for info in (BASE, _with(kv_all_full=True, need_lse=True)):
         assert routes.select_route(info).name != "sm90"
