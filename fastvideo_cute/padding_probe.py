@@ -20,8 +20,9 @@ V are saved tensors of the call, so autograd refuses a backward after an in-plac
 (the flag cannot go stale).
 
 Not launched (the backward copies as before) when the stream is being captured into a CUDA
-graph (the captured backward cannot depend on a value read on the host at capture time). ``torch.compile`` traces the custom ops, which do not carry the probe: there
-the backward copies too.
+graph (the captured backward cannot depend on a value read on the host at capture time).
+``torch.compile`` traces the custom ops, which do not carry the probe: there the backward copies
+too.
 """
 
 from __future__ import annotations

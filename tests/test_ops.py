@@ -134,6 +134,31 @@ def test_concurrent_interpreter_calls_from_threads():
     assert len(results) == 4 and all(torch.equal(r, ref) for r in results)
 
 
+def _padded_case(bshd: bool, seed: int, pad: float, q_blocks: int = 3):
+    """One 64-token call on the Triton route's inputs: kv 192 tokens in blocks of 64 / 40 / 17 valid
+    keys whose padding rows hold ``pad``, ``q_blocks`` query blocks, an all-True map. Returns
+    ``(k, v, seq, m, run)``: ``seq`` indexes the dims before the token dim, ``run()`` gives
+    ``(out, dq, dk, dv)`` of a call on fresh leaves (``m`` may be edited before it)."""
+    g = torch.Generator().manual_seed(seed)
+    q_len = 64 * q_blocks
+    q_shape, kv_shape = ((1, q_len, 2, 32), (1, 192, 2, 32)) if bshd else ((1, 2, q_len, 32), (1, 2, 192, 32))
+    q, k, v, dout = (torch.randn(shape, generator=g).to(DEV) for shape in (q_shape, kv_shape, kv_shape, q_shape))
+    sizes = torch.tensor([64, 40, 17], dtype=torch.int32, device=DEV)
+    seq = (slice(None),) if bshd else (slice(None), slice(None))  # the dims before the token dim
+    for x in (k, v):  # the padding rows of kv blocks 1 and 2
+        x[seq + (slice(64 + 40, 128),)] = pad
+        x[seq + (slice(128 + 17, None),)] = pad
+    m = torch.ones(1, 2, q_blocks, 3, dtype=torch.bool, device=DEV)
+    fn = fvc.block_sparse_attn_bshd if bshd else fvc.block_sparse_attn
+
+    def run():
+        leaves = [x.clone().requires_grad_(True) for x in (q, k, v)]
+        out, _ = fn(*leaves, m, sizes)
+        return (out,) + torch.autograd.grad(out, leaves, dout)
+
+    return k, v, seq, m, run
+
+
 @pytest.mark.parametrize("bshd", [False, True])
 def test_eager_forward_zeroes_kv_padding_once_for_a_copying_route(monkeypatch, bshd):
     """With a backward to follow, some kv block partial and a route whose backends copy K/V to
@@ -144,23 +169,8 @@ def test_eager_forward_zeroes_kv_padding_once_for_a_copying_route(monkeypatch, b
     from fastvideo_cute.backends import BACKENDS
 
     monkeypatch.setenv("FASTVIDEO_VSA_TRITON", "1")
-    g = torch.Generator().manual_seed(5)
-    shape = (1, 192, 2, 32) if bshd else (1, 2, 192, 32)
-    q, k, v, dout = (torch.randn(shape, generator=g).to(DEV) for _ in range(4))
-    sizes = torch.tensor([64, 40, 17], dtype=torch.int32, device=DEV)
-    seq = (slice(None),) if bshd else (slice(None), slice(None))  # the dims before the token dim
-    for x in (k, v):  # the padding rows of kv blocks 1 and 2
-        x[seq + (slice(64 + 40, 128),)] = float("nan")
-        x[seq + (slice(128 + 17, None),)] = float("nan")
-    m = torch.ones(1, 2, 3, 3, dtype=torch.bool, device=DEV)
+    k, v, seq, m, run = _padded_case(bshd, 5, float("nan"))
     m[..., 0, 2] = False
-    fn = fvc.block_sparse_attn_bshd if bshd else fvc.block_sparse_attn
-
-    def run():
-        leaves = [x.clone().requires_grad_(True) for x in (q, k, v)]
-        out, _ = fn(*leaves, m, sizes)
-        return (out,) + torch.autograd.grad(out, leaves, dout)
-
     want = run()
     be = BACKENDS["triton"]
     seen = spy_backend_calls(monkeypatch, be)
@@ -213,35 +223,22 @@ def test_probe_wanted_only_where_the_backward_would_copy():
     assert not ops._probe_padding(ops.EMPTY_ROUTE, part, 64, True, False)
 
 
+@pytest.mark.parametrize("q_blocks", [3, 2])
 @pytest.mark.parametrize("poison", [None, float("nan"), 0.5])
 @pytest.mark.parametrize("bshd", [False, True])
-def test_eager_probe_tells_the_backward_whether_padding_is_zero(monkeypatch, poison, bshd):
+def test_eager_probe_tells_the_backward_whether_padding_is_zero(monkeypatch, poison, bshd, q_blocks):
     """A route whose backward copies K/V to zero their padding and whose forward does not (emulated
     on the Triton route, which masks padding itself, so nothing may change): the forward probes the
     padding, the backward is told ``kv_padding_zero`` exactly when every padding row of K and V is
-    zero (NaN or a finite non-zero value in one row of V: not), and results equal the plain run's."""
+    zero (NaN or a finite non-zero value in one row of V: not), and results equal the plain run's;
+    q_len == kv_len and q_len != kv_len (128 queries, 192 keys)."""
     from fastvideo_cute import padding_probe
     from fastvideo_cute.backends import BACKENDS
 
     monkeypatch.setenv("FASTVIDEO_VSA_TRITON", "1")
-    g = torch.Generator().manual_seed(6)
-    shape = (1, 192, 2, 32) if bshd else (1, 2, 192, 32)
-    q, k, v, dout = (torch.randn(shape, generator=g).to(DEV) for _ in range(4))
-    sizes = torch.tensor([64, 40, 17], dtype=torch.int32, device=DEV)
-    seq = (slice(None),) if bshd else (slice(None), slice(None))
-    for x in (k, v):
-        x[seq + (slice(64 + 40, 128),)] = 0.0
-        x[seq + (slice(128 + 17, None),)] = 0.0
+    k, v, seq, m, run = _padded_case(bshd, 6, 0.0, q_blocks)
     if poison is not None:
         v[seq + (slice(150, 151),)] = poison
-    m = torch.ones(1, 2, 3, 3, dtype=torch.bool, device=DEV)
-    fn = fvc.block_sparse_attn_bshd if bshd else fvc.block_sparse_attn
-
-    def run():
-        leaves = [x.clone().requires_grad_(True) for x in (q, k, v)]
-        out, _ = fn(*leaves, m, sizes)
-        return (out,) + torch.autograd.grad(out, leaves, dout)
-
     want = run()
     be = BACKENDS["triton"]
     seen = spy_backend_calls(monkeypatch, be)

@@ -39,7 +39,8 @@ from typing import Optional, Tuple
 
 import torch
 
-__all__ = ["CUDNN_PHYSICAL_TILE", "cudnn_support", "cudnn_arch_int", "cudnn_bwd_bucket", "ONE_GROUP_MAX_Q_BLOCKS"]
+__all__ = ["CUDNN_PHYSICAL_TILE", "CUDNN_DEFAULT_Q_GROUP", "ONE_GROUP_MAX_Q_BLOCKS", "cudnn_support", "cudnn_arch_int",
+           "cudnn_bwd_bucket", "cudnn_bwd_one_group"]
 
 #: logical block size -> the physical (q and kv) tile cuDNN runs (its ``sparse_block_size``).
 CUDNN_PHYSICAL_TILE = {64: 64, 128: 128, 256: 128}
@@ -129,14 +130,18 @@ def cudnn_support(arch, dtype, head_dim: int, block_size: int, need_grad: bool, 
     return True, ""
 
 
+#: cuDNN's own backward q-group size (``bucket_size_blocks`` when None is passed), by physical tile.
+CUDNN_DEFAULT_Q_GROUP = {64: 384, 128: 256}
+
 #: sm_90: physical q blocks up to which the backward runs as ONE q group (``bucket_size_blocks`` =
-#: this bound) instead of cuDNN's default groups (384 q blocks at blk64, 256 at blk128). One group
-#: writes dK/dV once per kv block (no fp32 workspace to zero, accumulate with atomics and convert).
-#: Measured on the H200, 5 rotated rounds (benchmarks/results/sweep_cudnn_bwd64_h200_v2.json,
-#: sweep_cudnn_bwd128_h200.json): blk128 Wan-1.3B grid (308 q blocks) 5.12 vs 5.61 ms, S=32768 (256:
-#: one group either way) 3.70 vs 3.76; blk64 S=32768 (512) 4.86 vs 5.04 ms (and 4.53-4.64 vs 4.68 in
-#: sweep_cudnn_bwd_h200.json). Past the bound one group was slower (blk64 S=65536: 23.4 vs 19.9 ms;
-#: blk128 S=65536: 15.9-16.2 vs 15.4) and the Wan grid at blk64 (624) gained nothing (7.12 vs 7.09).
+#: this bound) instead of cuDNN's default groups. At blk128 one group selects cuDNN's direct-dK/dV
+#: kernel variant (no fp32 workspace to zero, reduce into and convert); at blk64 cuDNN always
+#: reduces dK/dV into its fp32 workspace, and one group halves the CTAs (and reductions) per kv
+#: block. Measured on the H200, 5-7 rotated rounds (benchmarks/results/sweep_cudnn_bwd64_h200_v2.json,
+#: _v3.json, sweep_cudnn_bwd128_h200.json): blk128 Wan-1.3B grid (308 q blocks) 5.12 vs 5.61 ms,
+#: S=32768 (256: one group either way) 3.70 vs 3.76; blk64 S=32768 (512) 4.86-4.92 vs 5.04-5.05 ms.
+#: Past the bound one group was slower (blk64 S=65536: 23.4 vs 19.9 ms; blk128 S=65536: 15.9-16.2 vs
+#: 15.4) and the Wan grid at blk64 (624) gained nothing (7.12-7.23 vs 7.09-7.15).
 ONE_GROUP_MAX_Q_BLOCKS = {64: 512, 128: 384}
 
 
@@ -148,3 +153,10 @@ def cudnn_bwd_bucket(arch, sparse_block: int, q_len: int) -> Optional[int]:
     if arch is None or int(tuple(arch)[0]) != 9 or limit is None:
         return None
     return limit if -(-int(q_len) // int(sparse_block)) <= limit else None
+
+
+def cudnn_bwd_one_group(arch, sparse_block: int, q_len: int) -> bool:
+    """Whether the adapter's cuDNN backward runs as one q group: :func:`cudnn_bwd_bucket`'s bound,
+    or cuDNN's default group holding every q block."""
+    bucket = cudnn_bwd_bucket(arch, sparse_block, q_len) or CUDNN_DEFAULT_Q_GROUP[int(sparse_block)]
+    return -(-int(q_len) // int(sparse_block)) <= bucket

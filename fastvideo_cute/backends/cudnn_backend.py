@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Dict
 
-from ..adapters.cudnn_bsa_support import cudnn_bwd_bucket, cudnn_support
+from ..adapters.cudnn_bsa_support import cudnn_bwd_one_group, cudnn_support
 from ..call import CallInfo
 from ..metadata import BlockSparsity
 from ..validation import has_partial_blocks
@@ -65,8 +65,7 @@ class CudnnBackend:
                   ("ragged", str(not call.kv_all_full)))
         keys = {"fwd": basic_key(self.name, call, "fwd", call.block_size, detail)}
         if call.need_grad:  # one q group or several: cuDNN compiles a kernel variant for each (blk128)
-            default_group = 384 if tile == 64 else 256
-            one = cudnn_bwd_bucket(call.arch, tile, call.q_len) is not None or call.q_len <= tile * default_group
+            one = cudnn_bwd_one_group(call.arch, tile, call.q_len)
             keys["bwd"] = basic_key(self.name, call, "bwd", call.block_size,
                                     detail + (("q_groups", "1" if one else "several"),))
         return keys
