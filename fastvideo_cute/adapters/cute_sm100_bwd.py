@@ -189,8 +189,10 @@ def sm100_bwd64_common_stages(
 
 
 def sm100_bwd64_postprocess(dq_accum: torch.Tensor, lse: torch.Tensor, sm_scale: float,
-                            dq: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """Stage 4: ``dq = bf16(dq_accum * sm_scale)``; rows with ``lse == -inf`` exactly 0."""
+                            dq: Optional[torch.Tensor] = None, frag_order: bool = False) -> torch.Tensor:
+    """Stage 4: ``dq = bf16(dq_accum * sm_scale)``; rows with ``lse == -inf`` exactly 0.
+    ``frag_order``: ``dq_accum``'s 64-row tiles are in the Hopper warp-specialized kernel's register
+    order (its ``flat_dq``; stage ``postprocess_frag`` un-permutes them)."""
     if dq_accum.dtype != torch.float32 or not dq_accum.is_contiguous() or dq_accum.shape[-1] != HEAD_DIM:
         raise ValueError("sm100_bwd64_postprocess: dq_accum must be a contiguous float32 [..., 128] tensor")
     if tuple(lse.shape) != tuple(dq_accum.shape[:-1]) or lse.dtype != torch.float32 or not lse.is_contiguous():
@@ -202,7 +204,7 @@ def sm100_bwd64_postprocess(dq_accum: torch.Tensor, lse: torch.Tensor, sm_scale:
     if dq is None:
         dq = torch.empty(dq_accum.shape, dtype=torch.bfloat16, device=dq_accum.device)
     if dq_accum.numel():
-        fn = compiled_stage("postprocess", _common_arch(dq_accum))
+        fn = compiled_stage("postprocess_frag" if frag_order else "postprocess", _common_arch(dq_accum))
         with torch.cuda.device(dq_accum.device):
             fn(dq_accum.view(-1, HEAD_DIM), lse.view(-1), dq.view(-1, HEAD_DIM), float(sm_scale))
     return dq

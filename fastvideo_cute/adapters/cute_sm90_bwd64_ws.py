@@ -59,11 +59,12 @@ def group_bounds(k2q_idx: torch.Tensor, k2q_num: torch.Tensor, num_blocks: int, 
 
 def run_ws_chain(compiled, q, k, v, out, dout, lse, k2q_idx, k2q_num, kv_block_sizes, sm_scale: float,
                  order_policy: str = "auto", group_blocks: Optional[int] = GROUP_BLOCKS_DEFAULT,
-                 group_min_blocks: int = GROUP_MIN_BLOCKS):
+                 group_min_blocks: int = GROUP_MIN_BLOCKS, dq_frag: bool = False):
     """The backward through the warp-specialized main kernel; returns ``(dq, dk, dv)``.
     ``compiled(grouped)``: the main kernel compiled with ``grouped`` (fp32 dk/dv accumulators) or
     without. ``order_policy``: with one group, the work order (``cute_sm100_bwd.ORDER_POLICIES``);
-    ``group_blocks`` / ``group_min_blocks``: the q groups (:func:`group_bounds`)."""
+    ``group_blocks`` / ``group_min_blocks``: the q groups (:func:`group_bounds`); ``dq_frag``: the main kernel
+    was built with ``flat_dq`` (dq_accum tiles in its register order: the matching postprocess)."""
     if order_policy not in ORDER_POLICIES:
         raise ValueError(f"order_policy must be one of {ORDER_POLICIES}, got {order_policy!r}")
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
@@ -93,5 +94,5 @@ def run_ws_chain(compiled, q, k, v, out, dout, lse, k2q_idx, k2q_num, kv_block_s
     if grouped:
         dk.copy_(dk_out)
         dv.copy_(dv_out)
-    sm100_bwd64_postprocess(common["dq_accum"], lse, sm_scale, dq=dq)
+    sm100_bwd64_postprocess(common["dq_accum"], lse, sm_scale, dq=dq, frag_order=dq_frag)
     return dq, dk, dv

@@ -61,8 +61,11 @@ _INT32_MAX = 2**31 - 1
 # narrow_dq, dQ's k-steps of a partial kv tile cut at ceil16(size) (exact on the H200 and 1.5 %
 # faster on the Wan-1.3B grid, benchmarks/results/bwd64_sm90_h200_v12.json; full tiles unchanged);
 # p_stages=2, P^T handed over through two buffers, so WG1 writes step t+1's while WG2 reads step t's
-# (2 % faster on the grid and at S=32768, 65,536 within the spread: bwd64_sm90_h200_v14.json, _v15.json)
-_BWD_WS_CONFIG = {"narrow_dq": True, "p_stages": 2}
+# (2 % faster on the grid and at S=32768, 65,536 within the spread: bwd64_sm90_h200_v14.json, _v15.json);
+# flat_dq, dQ staged in register order (conflict-free) and added by one bulk reduce-add into
+# register-ordered dq_accum tiles (5-7 % faster: 4.61 vs 4.90 ms at S=32768, 18.80 vs 20.23 ms at
+# 65,536, 6.66 vs 7.00 ms on the Wan-1.3B grid, bwd64_sm90_h200_v17.json)
+_BWD_WS_CONFIG = {"narrow_dq": True, "p_stages": 2, "flat_dq": True}
 
 
 def _backward_problem(call: CallInfo) -> Optional[str]:

@@ -85,6 +85,8 @@ _FWD64_SM90 = CuteKernelSpec(
 _BWD64_STAGE_NOTES = {
     "preprocess": "VSA backward, 64-token blocks: delta, lse2, dq_accum = 0, dk/dv = 0 on unselected kv blocks",
     "postprocess": "VSA backward, 64-token blocks: dq = bf16(dq_accum * sm_scale), no-key rows 0",
+    "postprocess_frag": "VSA backward, 64-token blocks: the postprocess of register-ordered dq_accum tiles "
+                        "(the sm_90a warp-specialized main kernel's flat_dq)",
 }
 _BWD64 = (
     *(CuteKernelSpec(name=f"block_sparse_bwd64_{stage}", archs=_bwd64.COMMON_ARCHS,

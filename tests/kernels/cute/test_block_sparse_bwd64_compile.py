@@ -23,7 +23,7 @@ from fastvideo_cute.kernels.cute import find  # noqa: E402
 from fastvideo_cute.metadata import index_to_map, invert_indices  # noqa: E402
 from fastvideo_cute.reference import block_sparse_attn_reference  # noqa: E402
 
-COMMON = ("block_sparse_bwd64_preprocess", "block_sparse_bwd64_postprocess")
+COMMON = ("block_sparse_bwd64_preprocess", "block_sparse_bwd64_postprocess", "block_sparse_bwd64_postprocess_frag")
 MAIN = "block_sparse_bwd64_sm100"
 COMMON_ARCHS = ("sm_90a", "sm_100a", "sm_103a")
 MAIN_ARCHS = ("sm_100a", "sm_103a")
@@ -54,6 +54,8 @@ def test_common_stages_sass(kernel_report, name, arch):
         assert op not in sass
     if name.endswith("preprocess"):
         assert "SHFL.BFLY" in sass and "STG.E.128" in sass
+    if name.endswith("postprocess_frag"):  # a thread's 16 float4 of its tile, then 2 rows x 16 bf16 pairs
+        assert sass.count("LDG.E.128 ") == 16 and sass.count("STG.E desc") == 32
 
 
 @pytest.mark.parametrize("arch", MAIN_ARCHS)

@@ -75,8 +75,16 @@ WS_NARROW_DQ = "ws:narrow_dq=1"
 WS_NARROW_DQ_GROUPS = "ws:narrow_dq=1,group_blocks=3,group_min_blocks=0"
 # the route's configuration with deeper rings: Q/dO four deep, or P^T / the dQ staging tile double-buffered
 WS_NARROW_DEEP = ["ws:narrow_dq=1,q_stages=4", "ws:narrow_dq=1,p_stages=2", "ws:narrow_dq=1,dq_stages=2"]
+# dQ staged flat, in the accumulator's register order (conflict-free 128-bit stores), added by one
+# bulk reduce-add per step into dq_accum tiles of that order and un-permuted by the postprocess
+# (flat_dq; 2026-12-03, ninth session): on the route's configuration, with q groups, and with every
+# ring double-buffered (the staging buffer alternating)
+WS_FLAT = "ws:narrow_dq=1,p_stages=2,flat_dq=1"
+WS_FLAT_GROUPS = WS_FLAT + ",group_blocks=3,group_min_blocks=0"
+WS_FLAT_ALL = "ws:flat_dq=1,p_stages=2,q_stages=2,dq_stages=2,group_blocks=2,group_min_blocks=0"
 MAINS = ["atomic", "ws", WS_GROUPS, WS_ALL, WS_SMEM_KV, WS_GROUPS_REDG, WS_NARROW_DQ,
-         WS_NARROW_DQ_GROUPS, *WS_NARROW_DEEP]  # the single-warpgroup kernel and the WS one
+         WS_NARROW_DQ_GROUPS, *WS_NARROW_DEEP, WS_FLAT, WS_FLAT_GROUPS,
+         WS_FLAT_ALL]  # the single-warpgroup kernel and the WS one
 
 
 def _route_config() -> str:
@@ -121,7 +129,7 @@ def test_bulk_dq_reduce_matches_reference(dq_reduce):
 
 
 @pytest.mark.parametrize("dq_reduce", ["atomic", "bulk", "bulk-smemstats", "ws", WS_GROUPS, WS_ALL, WS_GROUPS_REDG,
-                                       WS_NARROW_DQ])
+                                       WS_NARROW_DQ, WS_FLAT, WS_FLAT_GROUPS])
 def test_zero_count_kv_blocks_and_empty_q_blocks(dq_reduce):
     (dq, dk, dv), lse = _vs_reference(dq_reduce=dq_reduce, excluded=(2, 5), empty_q=(1,), ragged=True)
     for j in (2, 5):
@@ -148,7 +156,7 @@ def test_bad_input_is_refused_before_launch():
 
 
 @pytest.mark.parametrize("dq_reduce", ["atomic", "bulk", "bulk-smemstats", "ws", WS_GROUPS, WS_ALL, WS_GROUPS_REDG,
-                                       WS_NARROW_DQ, "ws:narrow_dq=1,p_stages=2"])
+                                       WS_NARROW_DQ, "ws:narrow_dq=1,p_stages=2", WS_FLAT])
 def test_65536_tokens_vs_triton_and_run_to_run(dq_reduce):
     """1,024 kv blocks (the work order's regime), 12.5 % density, 4 heads: against the Triton
     backward; two runs: dk, dv bitwise, dq within the seed's summation-order bound. The

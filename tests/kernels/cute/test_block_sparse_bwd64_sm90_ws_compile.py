@@ -117,3 +117,29 @@ def test_narrow_dq_build_issues_the_dq_gemm_per_width():
     assert shapes.count("64x128x16") == 4 + 4 + (4 + 3 + 2 + 1), shapes
     assert report.count("WARPGROUP.DEPBAR") <= 12, report.line
     assert sm90_ws_main_kernel(narrow_dq=True).config()["narrow_dq"] is True
+
+
+def test_flat_dq_build_stages_dq_conflict_free_and_adds_it_by_one_bulk_reduction():
+    """``flat_dq=True`` (with the route's ``narrow_dq`` and ``p_stages=2``): WG2 stages the dQ tile in
+    its register order by 16 128-bit stores from one base register (the swizzled tile took 32
+    64-bit stores with two-way bank conflicts), and the store warp adds it by one bulk reduce-add
+    (UBLKRED) instead of the TMA tensor reduce (no UTMAREDG); the MMAs are the same (34 HGMMA with
+    the narrow dQ widths), no spill, wgmmas not serialised."""
+    from functools import partial
+
+    from fastvideo_cute.compile_check import build_report
+    from fastvideo_cute.kernels.cute import CuteKernelSpec
+    from fastvideo_cute.kernels.cute.block_sparse_bwd64 import sm90_ws_main_kernel
+
+    make = partial(sm90_ws_main_kernel, narrow_dq=True, p_stages=2, flat_dq=True)
+    spec = CuteKernelSpec(name=NAME + "_flat_dq", archs=("sm_90a",), make=make,
+                          expect=("HGMMA", "UBLKRED", "USETMAXREG"))
+    report = build_report(spec, "sm_90a")
+    print(report.line)
+    assert report.ok and report.spill == 0, report.line
+    assert report.count("HGMMA") == 34 and report.count("UTMAREDG") == 0
+    assert report.count("UBLKRED.G.S.ADD.F32") == 1
+    stores = re.findall(r"STS\.128 \[(R\d+)\+0x[0-9a-f]+\]", report.sass)
+    assert len(stores) == 16 and len(set(stores)) == 1, stores
+    assert report.count("WARPGROUP.DEPBAR") <= 12, report.line
+    assert make().config()["flat_dq"] is True

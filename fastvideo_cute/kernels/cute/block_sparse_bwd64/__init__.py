@@ -34,14 +34,16 @@ SM90_WS_REGISTRY_NAME = "block_sparse_bwd64_sm90_ws"
 # Archs the arch-independent stages (preprocess, postprocess) are compiled for.
 COMMON_ARCHS = tuple(COMMON_CAPABILITIES.values())
 
-STAGES = ("preprocess", "postprocess")
+STAGES = ("preprocess", "postprocess", "postprocess_frag")
 
 
 def stage_class(stage: str):
-    """The kernel class of a stage ("preprocess", "postprocess")."""
+    """The kernel class of a stage ("preprocess", "postprocess", "postprocess_frag": the postprocess of
+    the Hopper warp-specialized kernel's ``flat_dq`` dq_accum order)."""
     from . import block_sparse_bwd64_common as mod
 
-    return {"preprocess": mod.BlockSparseBwd64Preprocess, "postprocess": mod.BlockSparseBwd64Postprocess}[stage]
+    return {"preprocess": mod.BlockSparseBwd64Preprocess, "postprocess": mod.BlockSparseBwd64Postprocess,
+            "postprocess_frag": mod.BlockSparseBwd64PostprocessFrag}[stage]
 
 
 def stage_kernel(stage: str):

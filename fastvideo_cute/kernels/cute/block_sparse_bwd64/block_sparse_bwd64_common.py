@@ -18,6 +18,11 @@ the CTA's block index is also the kv work item ``(b*H + h) * nb + kv`` (``S == 6
 ``BlockSparseBwd64Postprocess`` -- one CTA (256 threads) per 64-row block:
 ``dq = bf16(dq_accum * sm_scale)``, rows with ``lse == -inf`` exactly 0 whatever ``dq_accum`` holds.
 
+``BlockSparseBwd64PostprocessFrag`` -- the same for a ``dq_accum`` whose 64-row tiles hold the
+Hopper warp-specialized kernel's dQ accumulator in register order (its ``flat_dq``): one CTA of 128
+threads per tile, thread ``t`` reads floats ``512 i + 4 t .. + 3`` (i < 16; coalesced 128-bit loads),
+which are dQ's rows ``16 (t // 32) + t % 32 // 4 (+ 8)``, columns ``8 i + 2 (t % 4) (+ 1)``.
+
 The Q^T / dO^T copies of seed 000's CUDA preprocess are not produced: tcgen05 reads MN-major
 bf16 operands from shared memory, so the CuTe DSL main kernel takes Q and dO in their natural
 layout (as FA4's sm100 backward does) and the two transposed copies (2 x B*H*S*128 bf16 of
@@ -229,6 +234,58 @@ class BlockSparseBwd64Postprocess(CuteKernel):
             if mLSE[row0 + tAc[0, m, 0][0]] == -Float32.inf:
                 tQr[None, m, None].fill(0.0)
         cute.copy(copy_bf16, tQr, tQg)
+
+    def fake_args(self) -> tuple:
+        rows = cute.sym_int32()
+        acc = fake_matrix(Float32, rows, HEAD_DIM, align=16)
+        lse = fake_vector(Float32, rows, align=4)
+        dq = fake_matrix(self.dtype, rows, HEAD_DIM, align=16)
+        return (acc, lse, dq, Float32(1.0), fake_stream())
+
+
+class BlockSparseBwd64PostprocessFrag(CuteKernel):
+    """dq = bf16(dq_accum * sm_scale) from register-ordered dq_accum tiles (see the module); rows with
+    lse == -inf exactly 0. Called (compiled) as ``fn(dqacc2d, lse1d, dq2d, sm_scale)``."""
+
+    name = "block_sparse_bwd64_postprocess_frag"
+    num_threads = 128  # one warpgroup's accumulator fragment
+
+    def __init__(self):
+        self.dtype = cutlass.BFloat16
+
+    def config(self):
+        return {}
+
+    @cute.jit
+    def __call__(self, mdQaccum: cute.Tensor, mLSE: cute.Tensor, mdQ: cute.Tensor, sm_scale: Float32,
+                 stream: cuda.CUstream):
+        num_blocks = cute.ceil_div(cute.size(mLSE.shape[0]), BLOCK)
+        self.kernel(mdQaccum, mLSE, mdQ, sm_scale).launch(grid=[num_blocks, 1, 1], block=[self.num_threads, 1, 1],
+                                                          stream=stream)
+
+    @cute.kernel
+    def kernel(self, mdQaccum: cute.Tensor, mLSE: cute.Tensor, mdQ: cute.Tensor, sm_scale: Float32):
+        tidx, _, _ = cute.arch.thread_idx()
+        blk, _, _ = cute.arch.block_idx()
+        tile = BLOCK * HEAD_DIM
+        src = cute.make_tensor(mdQaccum.iterator + cute.assume(blk * tile + tidx * 4, divby=4),
+                               cute.make_layout((4, 16), stride=(1, 4 * self.num_threads)))
+        acc = cute.make_rmem_tensor((4, 16), Float32)
+        cute.autovec_copy(src, acc)
+        lane = tidx % 32
+        row0 = blk * BLOCK + (tidx // 32) * 16 + lane // 4
+        col0 = (lane % 4) * 2
+        for h in cutlass.range_constexpr(2):
+            row = row0 + 8 * h
+            out = cute.make_rmem_tensor((2, 16), self.dtype)
+            for i in cutlass.range_constexpr(16):
+                for e in cutlass.range_constexpr(2):
+                    out[e, i] = self.dtype(acc[2 * h + e, i] * sm_scale)
+            if mLSE[row] == -Float32.inf:
+                out.fill(0.0)
+            dst = cute.make_tensor(mdQ.iterator + cute.assume(row * HEAD_DIM + col0, divby=2),
+                                   cute.make_layout((2, 16), stride=(1, 8)))
+            cute.autovec_copy(out, dst)
 
     def fake_args(self) -> tuple:
         rows = cute.sym_int32()

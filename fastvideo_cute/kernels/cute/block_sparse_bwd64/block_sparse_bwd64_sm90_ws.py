@@ -10,7 +10,9 @@ three warpgroups that run concurrently (384 threads, one CTA per SM, ``setmaxnre
                  256-byte bulk copies, ``q_stages`` deep
          warp 1  dQ store: each step's 64 x 128 fp32 dQ tile, staged in shared memory by WG2
                  (128-byte swizzle), added into dq_accum by one TMA tensor reduce-add
-                 (``cp.reduce.async.bulk.tensor``, four 64 x 32 boxes)
+                 (``cp.reduce.async.bulk.tensor``, four 64 x 32 boxes); with ``flat_dq`` staged in
+                 the accumulator's register order and added by one 32 KB ``cp.reduce.async.bulk``
+                 into a dq_accum tile of that order (the postprocess un-permutes it)
     WG1          S^T = K Q^T (RS: K in registers with ``kv_regs``, else SS), P^T = exp2(S^T *
                  scale_log2 - lse2) with padded keys 0 (select), P^T (fp32) handed to WG2 through
                  shared memory (thread-private order), dV += P^T dO (RS)
@@ -104,7 +106,7 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
     name = "block_sparse_bwd64_sm90_ws"
 
     def __init__(self, q_stages: int = 3, p_stages: int = 1, dq_stages: int = 1, kv_regs: bool = True,
-                 grouped: bool = False, bulk_dkv: bool = True, narrow_dq: bool = False):
+                 grouped: bool = False, bulk_dkv: bool = True, narrow_dq: bool = False, flat_dq: bool = False):
         """``q_stages``: depth of the Q and dO rings; ``p_stages`` / ``dq_stages``: buffers of the
         P^T hand-off and of the dQ staging tile (1 or 2: with 2 the producing side runs a step
         ahead); ``kv_regs``: WG1 holds K and WG2 holds V in registers (S^T and dP^T as RS wgmma,
@@ -119,7 +121,14 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
         tokens than the reductions, ``benchmarks/results/bwd64_sm90_h200_v10.json``);
         ``narrow_dq``: dQ = dS K of a partial kv tile issues only the k-steps (16 keys each) up to
         ceil16(size): dS's columns of padded keys are 0 by select and K's padded rows 0, so the
-        skipped steps would add exact zeros (a video grid's edge tiles hold 8-32 keys)."""
+        skipped steps would add exact zeros (a video grid's edge tiles hold 8-32 keys);
+        ``flat_dq``: WG2 stages each dQ tile in its accumulator's register order (thread ``t``'s
+        registers ``4 i .. 4 i + 3`` at floats ``512 i + 4 t``: 16 conflict-free 128-bit stores a thread)
+        and the store warp adds it by one 32 KB bulk reduce-add into dq_accum's tile of the same order
+        (``dq_accum`` rows ``64 rb .. 64 rb + 63`` hold q block ``rb``'s tile in that order: the caller runs
+        ``BlockSparseBwd64PostprocessFrag``), instead of the 128-byte swizzled tile, whose 64-bit stores
+        from the m64n128 fragment take two-way bank conflicts (half the staging's shared-memory
+        wavefronts are replays: Nsight Compute, 2026-12-03)."""
         for name, v in (("p_stages", p_stages), ("dq_stages", dq_stages)):
             if v not in (1, MAX_STAGES):
                 raise ValueError(f"{name} must be 1 or {MAX_STAGES}, got {v}")
@@ -134,11 +143,12 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
         self.kv_regs, self.grouped = bool(kv_regs), bool(grouped)
         self.bulk_dkv = bool(bulk_dkv) and self.grouped
         self.narrow_dq = bool(narrow_dq)
+        self.flat_dq = bool(flat_dq)
 
     def config(self):
         return {"q_stages": self.q_stages, "p_stages": self.p_stages, "dq_stages": self.dq_stages,
                 "kv_regs": self.kv_regs, "grouped": self.grouped, "bulk_dkv": self.bulk_dkv,
-                "narrow_dq": self.narrow_dq}
+                "narrow_dq": self.narrow_dq, "flat_dq": self.flat_dq}
 
     # ------------------------------------------------------------------ host side
     @cute.jit
@@ -189,7 +199,8 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
 
         scale_log2 = sm_scale * Float32(LOG2E)
         self.kernel(
-            tma_atom_Q, tma_Q, tma_atom_dO, tma_dO, tma_atom_K, tma_K, tma_atom_V, tma_V, tma_atom_dQ, tma_dQ,
+            tma_atom_Q, tma_Q, tma_atom_dO, tma_dO, tma_atom_K, tma_K, tma_atom_V, tma_V, tma_atom_dQ,
+            mdQaccum if const_expr(self.flat_dq) else tma_dQ,
             mdK, mdV, mLSE2, mDelta, mIdx, mNum, mVbs, mOrder, mGB, sm_scale, scale_log2,
             mma_s, mma_kv, mma_dq, tile_layout, ring_layout, ds_layout, dq_ring, SharedStorage,
         ).launch(grid=(cute.size(mGB.shape[0]) * (cute.size(mGB.shape[1]) - 1), 1, 1), block=(THREADS, 1, 1),
@@ -231,8 +242,10 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
         size = cutlass.min(cutlass.max(mVbs[kv], Int32(0)), Int32(BLOCK))
 
         if warp_idx == 0:
-            for atom in (tma_atom_Q, tma_atom_dO, tma_atom_K, tma_atom_V, tma_atom_dQ):
+            for atom in (tma_atom_Q, tma_atom_dO, tma_atom_K, tma_atom_V):
                 cpasync.prefetch_descriptor(atom)
+            if const_expr(not self.flat_dq):
+                cpasync.prefetch_descriptor(tma_atom_dQ)
         storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
         tile_bytes = cute.size_in_bytes(self.dtype, tile_layout)
         one = pipeline.CooperativeGroup(pipeline.Agent.Thread)
@@ -255,7 +268,10 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
                                   mIdx, tile_layout, ring_layout, storage, bar_kv, pipe_q, pipe_do, item, bh, kv, nb,
                                   base, count, tile_bytes)
                 if warp_idx == 1:
-                    self.dq_store(tma_atom_dQ, mdQaccum, mIdx, dq_ring, storage, item, bh, nb, base, count)
+                    if const_expr(self.flat_dq):
+                        self.dq_store_flat(mdQaccum, mIdx, storage, item, bh, nb, base, count)
+                    else:
+                        self.dq_store(tma_atom_dQ, mdQaccum, mIdx, dq_ring, storage, item, bh, nb, base, count)
             if wg == 1:
                 cute.arch.setmaxregister_increase(REGS_WG1)
                 self.wg_s_dv(mdV, mma_s, mma_kv, tile_layout, ring_layout, storage, bar_kv, pipe_q, pipe_do,
@@ -315,6 +331,26 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
             cute.copy(tma_atom_dQ, tDsD[None, d], tDgD[None, rb])
             cute.arch.cp_async_bulk_commit_group()
         cute.arch.cp_async_bulk_wait_group(0, read=True)  # the buffer stays until the TMA unit has read it
+
+    @cute.jit
+    def dq_store_flat(self, mdQaccum, mIdx, storage, item, bh, nb, base, count):
+        """``flat_dq``'s store warp: lane 0 adds each staged tile (32 KB, register order) into q block
+        ``rb``'s 32 KB of ``dq_accum`` by one bulk reduce-add; its bulk groups are lane 0's, so lane 0
+        alone waits on them, and the whole warp meets the named barriers."""
+        lane = cute.arch.lane_idx()
+        tile = BLOCK * HEAD_DIM
+        for t in cutlass.range(count, unroll=1):
+            rb = bh * nb + mIdx[item, base + t]
+            d = t % self.dq_stages
+            if lane == 0:  # the reduction of step t - dq_stages (the same buffer) has read it
+                cute.arch.cp_async_bulk_wait_group(self.dq_stages - 1, read=True)
+            cute.arch.barrier_arrive(barrier_id=DQ_FREE + d, number_of_threads=WG + 32)
+            cute.arch.barrier(barrier_id=DQ_FULL + d, number_of_threads=WG + 32)
+            if lane == 0:
+                bulk_reduce_add_f32(storage.sdQ.data_ptr() + d * tile, mdQaccum.iterator + rb * tile, tile * 4)
+                cute.arch.cp_async_bulk_commit_group()
+        if lane == 0:
+            cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     # ---- WG1: S, P, dV
     @cute.jit
@@ -445,7 +481,10 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
             wgmma_gemm(mma_kv, acc_dK, rdS, tKrQt[None, None, None, s], False)
             warpgroup.wait_group(1)  # dQ done (dK may still run)
             cute.arch.barrier(barrier_id=DQ_FREE + d, number_of_threads=WG + 32)
-            cute.autovec_copy(acc_dQ, tQsdQ[None, None, None, d])
+            if const_expr(self.flat_dq):
+                self.stage_dq_flat(acc_dQ, storage.sdQ.data_ptr() + d * (BLOCK * HEAD_DIM), wtid)
+            else:
+                cute.autovec_copy(acc_dQ, tQsdQ[None, None, None, d])
             cute.arch.fence_proxy("async.shared", space="cta")
             cute.arch.barrier_arrive(barrier_id=DQ_FULL + d, number_of_threads=WG + 32)
             warpgroup.wait_group(0)
@@ -474,6 +513,17 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
                 wgmma_gemm(mma_dq, acc_dQ, tQrdS, tQrKt, True, ksteps=2)
             else:
                 wgmma_gemm(mma_dq, acc_dQ, tQrdS, tQrKt, True, ksteps=1)
+
+    @cute.jit
+    def stage_dq_flat(self, acc_dQ: cute.Tensor, tile: cute.Pointer, wtid):
+        """``flat_dq``: this thread's 64 dQ accumulator registers into the flat staging ``tile`` (fp32),
+        registers ``4 i .. 4 i + 3`` at floats ``512 i + 4 wtid`` (a warp's 128-bit stores cover 512
+        contiguous bytes: no bank conflict). Register ``4 i + 2 h + e`` of thread ``t`` (warp ``w``, lane
+        ``l``) is dQ's row ``16 w + l // 4 + 8 h``, column ``8 i + 2 (l % 4) + e``
+        (``BlockSparseBwd64PostprocessFrag`` reads it back so)."""
+        dst = cute.make_tensor(tile + cute.assume(wtid * 4, divby=4), cute.make_layout((4, 16), stride=(1, 4 * WG)))
+        src = cute.make_tensor(acc_dQ.iterator, cute.make_layout((4, 16), stride=(1, 4)))
+        cute.autovec_copy(src, dst)
 
     def p_slot(self, storage, wtid, like: cute.Tensor, stage) -> cute.Tensor:
         """This thread's 32 fp32 P^T values in buffer ``stage`` of ``sP``, shaped like the accumulator
