@@ -174,3 +174,30 @@ def test_writer_ranks_backends_per_class(tmp_path):
     assert orders == {("fwd", "full"): ["cudnn", "triton"], ("bwd", "full"): ["triton", "cudnn"]}
     parsed = parse_route_table(table, installed=lambda name: None)
     assert parsed.order(("sm_90", 64, "fwd", "full", 128)) == ("cudnn", "triton")
+
+
+def test_writer_takes_a_class_from_the_first_run_that_measured_it():
+    """Several runs (a newer run of some classes listed first): a class measured by two runs comes
+    whole from the first one, the others from wherever they were measured."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(
+        "route_table_writer", Path(__file__).resolve().parents[1] / "benchmarks" / "route_table_writer.py")
+    writer = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(writer)
+
+    def row(name, mode, ms, seqlen=32768):
+        return {"kind": "route", "name": name, "mode": mode, "block_size": 64, "tiles": "full", "head_dim": 128,
+                "status": "ok", "ms": ms, "seqlen": seqlen}
+
+    env = {"capability": [9, 0], "gpu": "H200", "git_commit": "abc"}
+    newer = {"env": env, "results": [row("sm90", "bwd", 4.6), row("cudnn", "bwd", 4.9)]}
+    older = {"env": env, "results": [row("sm90", "bwd", 5.0), row("cudnn", "bwd", 4.8), row("sm90", "bwd", 20.0, 65536),
+                                     row("cudnn", "bwd", 18.0, 65536), row("triton", "fwd", 2.0),
+                                     row("sm90", "fwd", 1.5)]}
+    table = writer.build_route_table([newer, older], "a.json + b.json")
+    by = {(e["direction"]): e for e in table["entries"]}
+    assert by["bwd"]["order"] == ["sm90", "cudnn"] and by["bwd"]["cases"] == 1
+    assert by["bwd"]["ms"] == {"sm90": 4.6, "cudnn": 4.9}
+    assert by["fwd"]["order"] == ["sm90", "triton"]
