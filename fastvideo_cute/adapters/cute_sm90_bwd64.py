@@ -15,9 +15,11 @@ are).
 Routed: the ``sm90`` backend's backward runs ``main="ws"`` (``backends/sm90_backend._BWD_WS_CONFIG``);
 "single" is not routed. Measured beside cuDNN BSA's blk64 backward on the same inputs
 (``benchmarks/explore_bwd64_sm90.py``): "single" 0.61x at S=32768, 0.59x on the Wan-1.3B grid
-(``benchmarks/results/bwd64_sm90_h200_v8.json``); "ws" 1.02x at S=32768, 0.99x on the grid, 0.89x at
-S=65536 (same file): at parity, and behind at 64K, so the route table ranks cuDNN's first and this
-one second (ahead of Triton: ``benchmarks/results/vsa_h200_table7_*.json``).
+(``benchmarks/results/bwd64_sm90_h200_v8.json``); "ws" in the route's configuration (``flat_dq``)
+1.063x at S=32768, 1.025x on the grid, 1.007x at S=65536 (``bwd64_sm90_h200_v17.json``), so route table
+v9 ranks it first for the 64-token partial-tile backward and second, after cuDNN's, for full tiles
+(``benchmarks/results/vsa_h200_table9_bwd64_*.json``). With ``flat_dq`` the chain's ``dq_accum``
+tiles are in the main kernel's register order and the postprocess is ``postprocess_frag``.
 """
 
 from __future__ import annotations
