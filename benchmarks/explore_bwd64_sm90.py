@@ -26,15 +26,37 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 
+def backward_case(name: str):
+    """One of the cases (``"32768"``, ``"65536"``, ``"grid"``) with what both backwards start from:
+    ``(case, q, k, v, do, sizes, kidx, knum, meta, o, lse)``; the k2q lists for ours, cuDNN's
+    metadata, and cuDNN's forward (out, natural-log LSE)."""
+    import bench_vsa
+    from fastvideo_cute.adapters import cudnn_bsa as C
+    from fastvideo_cute.adapters.cudnn_bsa_metadata import build_cudnn_metadata
+    from fastvideo_cute.metadata import map_to_index
+
+    grid = name == "grid"
+    bargs = bench_vsa.parse_args(["--grid", "21", "30", "52", "--tile", "4", "4", "4"] if grid else
+                                 ["--seqlens", name, "--block-size", "64"])
+    case = bench_vsa.Case(bargs, None if grid else int(name), None if grid else 64, 0.875, "cuda",
+                          tile=bargs.tile[0] if grid else None)
+    q, k, v, do, sizes = case.q, case.k, case.v, case.dout, case.sizes
+    b, h, s, _ = q.shape
+    idx, num = map_to_index(case.block_map)
+    kidx, knum = map_to_index(case.block_map.transpose(-1, -2).contiguous())
+    meta = build_cudnn_metadata(idx, num, sizes, block_size=64, batch=b, heads=h, q_len=s, kv_len=s,
+                                all_full=case.all_full)
+    o, lse = C.cudnn_fwd_prebuilt(q, k, v, meta, bshd=False, softmax_scale=None)
+    return case, q, k, v, do, sizes, kidx, knum, meta, o, lse
+
+
 def main(argv=None) -> int:
     import torch
     from triton.testing import do_bench
 
     import bench_vsa
     from fastvideo_cute.adapters import cudnn_bsa as C
-    from fastvideo_cute.adapters.cudnn_bsa_metadata import build_cudnn_metadata
     from fastvideo_cute.adapters.cute_sm90_bwd64 import sm90_block_sparse_bwd64
-    from fastvideo_cute.metadata import map_to_index
 
     p = argparse.ArgumentParser()
     p.add_argument("--rounds", type=int, default=3)
@@ -48,18 +70,8 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     rows = []
     for name in args.cases:
-        grid = name == "grid"
-        bargs = bench_vsa.parse_args(["--grid", "21", "30", "52", "--tile", "4", "4", "4"] if grid else
-                                     ["--seqlens", name, "--block-size", "64"])
-        case = bench_vsa.Case(bargs, None if grid else int(name), None if grid else 64, 0.875, "cuda",
-                              tile=bargs.tile[0] if grid else None)
-        q, k, v, do, sizes = case.q, case.k, case.v, case.dout, case.sizes
-        b, h, s, d = q.shape
-        idx, num = map_to_index(case.block_map)
-        kidx, knum = map_to_index(case.block_map.transpose(-1, -2).contiguous())
-        meta = build_cudnn_metadata(idx, num, sizes, block_size=64, batch=b, heads=h, q_len=s, kv_len=s,
-                                    all_full=case.all_full)
-        o, lse = C.cudnn_fwd_prebuilt(q, k, v, meta, bshd=False, softmax_scale=None)
+        case, q, k, v, do, sizes, kidx, knum, meta, o, lse = backward_case(name)
+        s = q.shape[2]
         cdq, cdk, cdv = (torch.empty_like(x) for x in (q, k, v))
 
         def cudnn():

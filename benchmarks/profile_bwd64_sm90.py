@@ -30,8 +30,13 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-#: the ``sm90`` route's build of the warp-specialized kernel (``backends/sm90_backend._BWD_WS_CONFIG``)
-ROUTE_WS_CONFIG = {"narrow_dq": 1, "p_stages": 2}
+
+def route_ws_config() -> dict:
+    """The ``sm90`` route's build of the warp-specialized kernel (``backends/sm90_backend._BWD_WS_CONFIG``;
+    the profiles of 2026-12-03 in benchmarks/results ran its configuration then: narrow_dq, p_stages=2)."""
+    from fastvideo_cute.backends.sm90_backend import _BWD_WS_CONFIG
+
+    return dict(_BWD_WS_CONFIG)
 
 
 def short_name(name: str) -> str:
@@ -48,25 +53,13 @@ def short_name(name: str) -> str:
 def build_entries(name: str, ws_config: dict):
     import torch
 
-    import bench_vsa
+    from explore_bwd64_sm90 import backward_case
     from fastvideo_cute.adapters import cudnn_bsa as C
-    from fastvideo_cute.adapters.cudnn_bsa_metadata import build_cudnn_metadata
     from fastvideo_cute.adapters.cudnn_bsa_support import cudnn_bwd_bucket
     from fastvideo_cute.adapters.cute_sm90_bwd64 import sm90_block_sparse_bwd64
-    from fastvideo_cute.metadata import map_to_index
 
-    grid = name == "grid"
-    bargs = bench_vsa.parse_args(["--grid", "21", "30", "52", "--tile", "4", "4", "4"] if grid else
-                                 ["--seqlens", name, "--block-size", "64"])
-    case = bench_vsa.Case(bargs, None if grid else int(name), None if grid else 64, 0.875, "cuda",
-                          tile=bargs.tile[0] if grid else None)
-    q, k, v, do, sizes = case.q, case.k, case.v, case.dout, case.sizes
-    b, h, s, _ = q.shape
-    idx, num = map_to_index(case.block_map)
-    kidx, knum = map_to_index(case.block_map.transpose(-1, -2).contiguous())
-    meta = build_cudnn_metadata(idx, num, sizes, block_size=64, batch=b, heads=h, q_len=s, kv_len=s,
-                                all_full=case.all_full)
-    o, lse = C.cudnn_fwd_prebuilt(q, k, v, meta, bshd=False, softmax_scale=None)
+    case, q, k, v, do, sizes, kidx, knum, meta, o, lse = backward_case(name)
+    s = q.shape[2]
     lse_c = lse.contiguous()
     bucket = cudnn_bwd_bucket(torch.cuda.get_device_capability(), 64, s)
     grads = [torch.empty_like(x) for x in (q, k, v)]
@@ -91,7 +84,7 @@ def kernels_mode(args) -> list:
 
     rows = []
     for name in args.cases:
-        info, entries = build_entries(name, ROUTE_WS_CONFIG)
+        info, entries = build_entries(name, route_ws_config())
         for fn in entries.values():
             for _ in range(3):
                 fn()
@@ -122,7 +115,7 @@ def ncu_mode(args) -> None:
     import torch
 
     for name in args.cases:
-        _, entries = build_entries(name, ROUTE_WS_CONFIG)
+        _, entries = build_entries(name, route_ws_config())
         for fn in entries.values():
             for _ in range(2):
                 fn()
