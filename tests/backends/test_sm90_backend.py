@@ -140,11 +140,14 @@ def test_compile_keys_name_the_kernel_and_the_gate_variant():
 
 
 def test_the_shipped_table_picks_it_where_it_was_fastest(monkeypatch):
-    """The measured table (v8: benchmarks/results/vsa_h200_table8_grid.json + table7_synthetic) ranks
-    sm90 first for the sm_90 64-token forward classes and the 128/256-token partial-tile ones; a
-    training call pairs it with cuDNN's backward (partial tiles: one q group at these lengths), FA4's
-    at 128/256 where cuDNN cannot serve; FA4 keeps the 128/256 full-tile forwards; without the table
-    (legacy rules) FA4 comes first, so an inference call never takes it."""
+    """The measured table (v9: benchmarks/results/vsa_h200_table9_bwd64_{synthetic,grid}.json for the
+    64-token backwards, table8_grid + table7_synthetic for the rest) ranks sm90 first for the sm_90
+    64-token forward classes, the 64-token partial-tile backward (its flat_dq build) and the
+    128/256-token partial-tile forwards; a 64-token training call on partial tiles runs sm90 both
+    ways, on full tiles sm90 then cuDNN's backward; 128/256-token training calls pair it with cuDNN's
+    backward (one q group at these lengths), FA4's where cuDNN cannot serve; FA4 keeps the 128/256
+    full-tile forwards; without the table (legacy rules) FA4 comes first, so an inference call never
+    takes it."""
     from fastvideo_cute import route_table
 
     for name in ("FASTVIDEO_VSA_TRITON", "FASTVIDEO_VSA_CUTEDSL", "FASTVIDEO_VSA_BACKEND"):
@@ -156,16 +159,18 @@ def test_the_shipped_table_picks_it_where_it_was_fastest(monkeypatch):
         assert routes.cute_preferences(info) == ["fa4", "sm90"]  # after FA4 without the table
         assert routes.select_route(info).name == "sm90"
     fwd, bwd = routes.select_routes(_with(need_grad=True))
+    assert (fwd.name, bwd.name) == ("sm90", "sm90")  # partial tiles
+    fwd, bwd = routes.select_routes(_with(need_grad=True, kv_all_full=True))
     assert (fwd.name, bwd.name) == ("sm90", "cudnn")
     for block in (128, 256):
         assert routes.select_route(_with(block_size=block)).name == "sm90"  # partial tiles
         assert routes.select_route(_with(block_size=block, kv_all_full=True)).name == "fa4"
         fwd, bwd = routes.select_routes(_with(block_size=block, need_grad=True))
         assert (fwd.name, bwd.name) == ("sm90", "cudnn")
-    # the table ranks our backward second for the 64-token classes and FA4's for the 128/256-token
-    # partial-tile ones: they serve when cuDNN cannot
+    # the table ranks our backward second for the 64-token full-tile class and FA4's for the
+    # 128/256-token partial-tile ones: they serve when cuDNN cannot
     monkeypatch.setattr(BACKENDS["cudnn"], "support", lambda info: (False, "not installed"))
-    fwd, bwd = routes.select_routes(_with(need_grad=True))
+    fwd, bwd = routes.select_routes(_with(need_grad=True, kv_all_full=True))
     assert (fwd.name, bwd.name) == ("sm90", "sm90")
     for block in (128, 256):
         fwd, bwd = routes.select_routes(_with(block_size=block, need_grad=True))
