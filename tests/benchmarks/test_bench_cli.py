@@ -3,7 +3,6 @@
 there; without matplotlib they skip, and --replot must fail with the install hint."""
 
 import os
-import importlib.util
 import json
 import subprocess
 import sys
@@ -17,11 +16,8 @@ SCRIPT = ROOT / "benchmarks" / "bench_vsa.py"
 
 
 @pytest.fixture(scope="module")
-def bench():
-    spec = importlib.util.spec_from_file_location("bench_vsa_under_test", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+def bench(load_script):
+    return load_script("bench_vsa")
 
 
 def test_help_runs_on_cpu():

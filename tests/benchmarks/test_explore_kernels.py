@@ -2,22 +2,12 @@
 it accepts builds a configuration ``BlockSparseFwd64Sm90`` takes; a bad one is refused) and its
 per-round ratio helper. Nothing is timed here; the GPU runs are in benchmarks/results/."""
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def explore():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    spec = importlib.util.spec_from_file_location("explore_fwd64_under_test", ROOT / "benchmarks" / "explore_fwd64_sm90.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+def explore(load_script):
+    return load_script("explore_fwd64_sm90")
 
 
 @pytest.mark.parametrize("spec, want", [
@@ -56,14 +46,12 @@ def test_round_ratios_compare_within_each_round(explore):
 
 
 @pytest.mark.parametrize("fraction", [1.0, 0.5, 0.25])
-def test_kv_working_set_lists_are_valid_q2k_lists_within_their_range(fraction):
+def test_kv_working_set_lists_are_valid_q2k_lists_within_their_range(fraction, load_script):
     """explore_kv_working_set's lists: k ascending distinct tiles per row, all below the range it
     reports, counts k; the full range uses every kv tile somewhere."""
     import torch
 
-    spec = importlib.util.spec_from_file_location("kv_ws_under_test", ROOT / "benchmarks" / "explore_kv_working_set.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_script("explore_kv_working_set")
     gen = torch.Generator().manual_seed(0)
     idx, num, span = mod.lists(1, 3, 40, 40, 5, fraction, gen, device="cpu")
     assert span == round(40 * fraction) and idx.shape == (1, 3, 40, 5) and idx.dtype == torch.int32

@@ -3,7 +3,6 @@ settings with values of the right kind, its CLI parses, it refuses to run withou
 options added to ``bench_glue.py`` / ``bench_vsa_e2e.py`` (``--timer``, ``--coarse-overlap``,
 ``--compress-config``). Nothing is timed here; the GPU runs are in benchmarks/results/."""
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -16,11 +15,7 @@ from fastvideo_cute.kernels.triton.vsa_coarse_fwd2 import resolve_fwd2_tiles
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _load(name):
-    spec = importlib.util.spec_from_file_location(f"{name}_under_test", ROOT / "benchmarks" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from .conftest import load_benchmark as _load
 
 
 @pytest.fixture(scope="module")

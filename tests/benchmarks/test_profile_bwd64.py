@@ -2,22 +2,12 @@
 ``prof_bwd64_kernels_h200.json`` is keyed by) and that it profiles the ``sm90`` route's own build.
 Nothing is timed here; the GPU runs are in benchmarks/results/."""
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def prof():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    spec = importlib.util.spec_from_file_location("profile_bwd64_under_test", ROOT / "benchmarks" / "profile_bwd64_sm90.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+def prof(load_script):
+    return load_script("profile_bwd64_sm90")
 
 
 @pytest.mark.parametrize("name, want", [
