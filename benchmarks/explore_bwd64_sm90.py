@@ -56,6 +56,7 @@ def main(argv=None) -> int:
 
     import bench_vsa
     from fastvideo_cute.adapters import cudnn_bsa as C
+    from fastvideo_cute.adapters import cute_sm90_bwd64_ws as WS
     from fastvideo_cute.adapters.cute_sm90_bwd64 import sm90_block_sparse_bwd64
 
     p = argparse.ArgumentParser()
@@ -65,7 +66,8 @@ def main(argv=None) -> int:
     p.add_argument("--variants", nargs="+", default=["atomic", "bulk"],
                    help="configs of ours: atomic, bulk, bulk-smemstats (dq_reduce, and lse2/delta by bulk copy) of the "
                         "single-warpgroup main kernel; ws or ws:key=int,... (the warp-specialized one and its "
-                        "configuration, e.g. ws:kv_regs=1,p_stages=2; identity=1 runs the chain with the identity work order)")
+                        "configuration, e.g. ws:kv_regs=1,p_stages=2; identity=1 runs the chain with the identity work order, "
+                        "triton_groups=0 splits the q groups by the torch ops instead of the Triton launch)")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     rows = []
@@ -84,12 +86,20 @@ def main(argv=None) -> int:
             main, _, cfg = var.partition(":")
             ws_config = {kk: int(vv) for kk, vv in (x.split("=") for x in cfg.split(",") if x)} if main == "ws" else {}
             policy = "identity" if ws_config.pop("identity", 0) else "auto"  # the chain's work order
-            entries[var] = (lambda reduce=reduce, extra=extra, main=main, ws_config=ws_config, policy=policy:
-                            sm90_block_sparse_bwd64(q, k, v, o, do, lse_c, kidx, knum, sizes,
-                                                    dq_reduce="bulk" if main == "ws" else reduce,
-                                                    stats_in_smem=extra == "smemstats",
-                                                    main="ws" if main == "ws" else "single", ws_config=ws_config,
-                                                    order_policy=policy))
+            triton_groups = bool(ws_config.pop("triton_groups", 1))  # the q-group split's Triton launch
+
+            def entry(reduce=reduce, extra=extra, main=main, ws_config=ws_config, policy=policy,
+                      triton_groups=triton_groups):
+                WS._TRITON_GROUPS = triton_groups
+                try:
+                    return sm90_block_sparse_bwd64(q, k, v, o, do, lse_c, kidx, knum, sizes,
+                                                   dq_reduce="bulk" if main == "ws" else reduce,
+                                                   stats_in_smem=extra == "smemstats",
+                                                   main="ws" if main == "ws" else "single", ws_config=ws_config,
+                                                   order_policy=policy)
+                finally:
+                    WS._TRITON_GROUPS = True
+            entries[var] = entry
         ref = [t.clone() for t in cudnn()]
         err, finite = {}, {}
         for var in args.variants:

@@ -160,8 +160,10 @@ def sm100_bwd64_common_stages(
     kv_block_sizes: torch.Tensor,
     dk: Optional[torch.Tensor] = None,
     dv: Optional[torch.Tensor] = None,
+    with_order: bool = True,
 ) -> Dict[str, torch.Tensor]:
-    """Stage 1 (preprocess) and stage 2 (work order) of the chain.
+    """Stage 1 (preprocess) and stage 2 (work order; skipped, ``order`` None, without ``with_order``)
+    of the chain.
 
     Returns ``delta`` and ``lse2`` (fp32 ``[B, H, S]``), ``dq_accum`` (fp32 ``[B, H, S, 128]``, all
     zero), ``dk`` and ``dv`` (bf16, ``empty_like(out)`` unless given: the rows of kv blocks with
@@ -185,7 +187,7 @@ def sm100_bwd64_common_stages(
             fn(out.view(-1, HEAD_DIM), dout.view(-1, HEAD_DIM), lse.view(-1), delta.view(-1), lse2.view(-1),
                dq_accum.view(-1, HEAD_DIM), dk.view(-1, HEAD_DIM), dv.view(-1, HEAD_DIM), num)
     return {"delta": delta, "lse2": lse2, "dq_accum": dq_accum, "dk": dk, "dv": dv,
-            "order": work_order(k2q_num, kv_block_sizes.numel())}
+            "order": work_order(k2q_num, kv_block_sizes.numel()) if with_order else None}
 
 
 def sm100_bwd64_postprocess(dq_accum: torch.Tensor, lse: torch.Tensor, sm_scale: float,

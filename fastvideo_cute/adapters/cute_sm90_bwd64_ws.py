@@ -7,10 +7,12 @@ q blocks or more (and more than ``group_blocks``), every kv block's k2q list is 
 blocks and each part gets its own CTA, ordered so that the CTAs resident together read Q/dO and
 reduce dQ within one head's q group (``group_blocks`` rows of 64 tokens: 384 keeps that group's
 Q, dO and dq_accum, 3 x 12 MB, inside the H200's 50 MB L2, where a whole head at 65,536 tokens,
-3 x 32 MB, is not). The parts' dK/dV are then added into fp32 accumulators (zeroed here) and
-converted to bf16 after the main kernel; with one group they are written once, in bf16, by the
-kernel. The split needs each list in ascending q order: the lists are sorted here (the valid
-entries; a caller's order does not matter). Inputs were checked by the caller's support predicate.
+3 x 32 MB, is not). The parts' dK/dV are then added into fp32 accumulators (zeroed here, one
+allocation for both) and converted to bf16 after the main kernel; with one group they are written
+once, in bf16, by the kernel. The split partitions each list's valid entries by group in one
+Triton launch (:func:`group_bounds`; a caller's order does not matter), and a grouped chain skips
+the work order (its CTAs take the items in (head, group, kv) order). Inputs were checked by the
+caller's support predicate.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from typing import Optional
 import torch
 
 from fastvideo_cute.kernels.cute.block_sparse_bwd64.limits import HEAD_DIM
+
+from fastvideo_cute.kernels.triton.q_group_lists import q_group_lists
 
 from .cute_sm100_bwd import ORDER_POLICIES, sm100_bwd64_common_stages, sm100_bwd64_postprocess
 
@@ -32,29 +36,46 @@ GROUP_BLOCKS_DEFAULT = 384
 #: one whole head's Q, dO and dq_accum, 3 x 16 MB, already stays in L2) and 7 % on the Wan-1.3B grid
 #: (624), and gain 8.6 % at 65,536 (1024)
 GROUP_MIN_BLOCKS = 768
+#: the q-group split by one Triton launch on CUDA (else the torch ops of ``_group_lists_torch``)
+_TRITON_GROUPS = True
 
 
 def group_bounds(k2q_idx: torch.Tensor, k2q_num: torch.Tensor, num_blocks: int, group_blocks: Optional[int],
                  min_blocks: int = 0):
-    """``(idx, gb)``: the lists (int32 ``[items, max_q]``, valid entries ascending) and the group
-    bounds (int32 ``[items, groups + 1]``, group ``g`` of item ``i`` is ``idx[i, gb[i, g]:gb[i, g + 1]]``:
+    """``(idx, gb)``: the lists (int32 ``[items, max_q]``, each row's valid entries partitioned by q
+    group, their order within a group kept: ascending lists stay ascending) and the group bounds
+    (int32 ``[items, groups + 1]``, group ``g`` of item ``i`` is ``idx[i, gb[i, g]:gb[i, g + 1]]``:
     its q blocks in ``[g * group_blocks, (g + 1) * group_blocks)``). One group (``gb = [0, num]``, the
     lists as given) when ``group_blocks`` is None or at least ``num_blocks``, or ``num_blocks`` is below
-    ``min_blocks``."""
+    ``min_blocks``. On CUDA with ``_TRITON_GROUPS`` one Triton launch
+    (``kernels/triton/q_group_lists``), else torch ops (a stable sort by group); slots past a
+    row's count differ between the two, never read."""
     items = k2q_num.numel()
     idx = k2q_idx.to(torch.int32).reshape(items, k2q_idx.shape[-1]).contiguous()
-    num = k2q_num.to(torch.int32).reshape(items)
+    num = k2q_num.to(torch.int32).reshape(items).contiguous()
     if group_blocks is None or group_blocks >= num_blocks or num_blocks < min_blocks or idx.shape[1] == 0:
         return idx, torch.stack([torch.zeros_like(num), num], dim=1).contiguous()
     if group_blocks < 1:
         raise ValueError(f"group_blocks must be >= 1 or None, got {group_blocks}")
     groups = -(-num_blocks // group_blocks)
-    used = torch.arange(idx.shape[1], device=idx.device) < num[:, None]
-    keyed = torch.where(used, idx, torch.full((), 2**31 - 1, dtype=torch.int32, device=idx.device))
-    ordered = torch.sort(keyed, dim=1).values.contiguous()
-    edges = (torch.arange(groups + 1, device=idx.device, dtype=torch.int32) * group_blocks).expand(items, -1).contiguous()
-    gb = torch.searchsorted(ordered, edges).to(torch.int32)
-    return ordered, torch.minimum(gb, num[:, None]).contiguous()
+    if _TRITON_GROUPS and idx.is_cuda:
+        out = torch.empty_like(idx)
+        gb = torch.empty((items, groups + 1), dtype=torch.int32, device=idx.device)
+        with torch.cuda.device(idx.device):
+            q_group_lists(idx, num, group_blocks, groups, out, gb)
+        return out, gb
+    return _group_lists_torch(idx, num, group_blocks, groups)
+
+
+def _group_lists_torch(idx: torch.Tensor, num: torch.Tensor, group_blocks: int, groups: int):
+    """:func:`group_bounds`'s split by torch ops: each row's entries stably sorted by group (slots
+    past the count as the last group + 1, so they stay behind), the bounds counted per group."""
+    used = torch.arange(idx.shape[1], device=idx.device) < num.clamp(0, idx.shape[1])[:, None]
+    grp = torch.where(used, (idx // group_blocks).clamp(0, groups - 1), groups)
+    key, perm = torch.sort(grp, dim=1, stable=True)
+    ordered = torch.gather(idx, 1, perm).contiguous()
+    edges = torch.arange(groups + 1, device=idx.device, dtype=key.dtype).expand(idx.shape[0], -1).contiguous()
+    return ordered, torch.searchsorted(key.contiguous(), edges).to(torch.int32).contiguous()
 
 
 def run_ws_chain(compiled, q, k, v, out, dout, lse, k2q_idx, k2q_num, kv_block_sizes, sm_scale: float,
@@ -75,15 +96,15 @@ def run_ws_chain(compiled, q, k, v, out, dout, lse, k2q_idx, k2q_num, kv_block_s
     items = batch * heads * nb
     idx, gb = group_bounds(k2q_idx, k2q_num, nb, group_blocks, group_min_blocks)
     grouped = gb.shape[1] > 2
-    common = sm100_bwd64_common_stages(out, dout, lse, k2q_num, kv_block_sizes, dk=dk, dv=dv)
-    order = common["order"] if order_policy == "auto" and not grouped else None
+    common = sm100_bwd64_common_stages(out, dout, lse, k2q_num, kv_block_sizes, dk=dk, dv=dv,
+                                       with_order=order_policy == "auto" and not grouped)
+    order = common["order"]
     if order is None:
         order = torch.arange(items, dtype=torch.int32, device=q.device)
     num = k2q_num.to(torch.int32).reshape(items).contiguous()
     vbs = kv_block_sizes.to(torch.int32).contiguous()
     if grouped:
-        dk_out = torch.zeros(k.shape, dtype=torch.float32, device=k.device)
-        dv_out = torch.zeros(v.shape, dtype=torch.float32, device=v.device)
+        dk_out, dv_out = torch.zeros((2, *k.shape), dtype=torch.float32, device=k.device).unbind(0)
     else:
         dk_out, dv_out = dk, dv
     with torch.cuda.device(q.device):
