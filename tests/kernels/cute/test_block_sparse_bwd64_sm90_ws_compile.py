@@ -143,3 +143,40 @@ def test_flat_dq_build_stages_dq_conflict_free_and_adds_it_by_one_bulk_reduction
     assert len(stores) == 16 and len(set(stores)) == 1, stores
     assert report.count("WARPGROUP.DEPBAR") <= 12, report.line
     assert make().config()["flat_dq"] is True
+
+
+@pytest.mark.parametrize("grouped", [False, True], ids=["bf16_dkdv", "grouped"])
+def test_persistent_build_keeps_the_mmas_and_rings_k(grouped):
+    """``persistent=132`` on the route's build (narrow_dq, p_stages=2, flat_dq): the same 34 HGMMA and
+    the same handful of wgmma waits (the loops over the CTA's items do not serialise them), K loaded
+    into a two-tile ring and K, V through their own mbarrier pipelines (UTMALDG sites for K, V, Q,
+    dO), the dQ tile by one bulk reduce-add, no spill; grouped, dK/dV go by per-element fp32
+    reductions (no bulk staging in the rings the next item fills: 64 a thread in each MMA
+    warpgroup). Its limits: kv_regs needed, the count >= 0, the shared memory of the K ring."""
+    from functools import partial
+
+    from fastvideo_cute.compile_check import build_report
+    from fastvideo_cute.kernels.cute import CuteKernelSpec
+    from fastvideo_cute.kernels.cute.block_sparse_bwd64 import sm90_ws_main_kernel
+    from fastvideo_cute.kernels.cute.block_sparse_bwd64.block_sparse_bwd64_sm90_ws import K_SLOTS, smem_bytes
+
+    make = partial(sm90_ws_main_kernel, narrow_dq=True, p_stages=2, flat_dq=True, persistent=132, grouped=grouped)
+    spec = CuteKernelSpec(name=NAME + ("_persistent_grouped" if grouped else "_persistent"), archs=("sm_90a",),
+                          make=make, expect=("HGMMA", "UBLKRED", "USETMAXREG"))
+    report = build_report(spec, "sm_90a")
+    print(report.line)
+    assert report.ok and report.spill == 0, report.line
+    assert report.count("HGMMA") == 34 and report.count("UTMAREDG") == 0
+    assert report.count("UBLKRED.G.S.ADD.F32") == 1  # dQ only
+    assert report.count("UTMALDG") >= 4
+    assert report.count("WARPGROUP.DEPBAR") <= 12, report.line
+    assert report.count("REDG.E.ADD.F32") == (2 * 64 if grouped else 0)
+    cfg = make().config()
+    assert cfg["persistent"] == 132 and cfg["bulk_dkv"] is False
+    assert smem_bytes(3, 2, 1, K_SLOTS) - smem_bytes(3, 2, 1) == 64 * 128 * 2 * (K_SLOTS - 1)
+    with pytest.raises(ValueError, match="kv_regs"):
+        sm90_ws_main_kernel(persistent=132, kv_regs=False)
+    with pytest.raises(ValueError, match="persistent"):
+        sm90_ws_main_kernel(persistent=-1)
+    with pytest.raises(ValueError, match="shared memory"):
+        sm90_ws_main_kernel(persistent=132, q_stages=3, p_stages=2, dq_stages=2)
