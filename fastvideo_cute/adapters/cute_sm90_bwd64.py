@@ -92,7 +92,7 @@ def sm90_block_sparse_bwd64(q, k, v, out, dout, lse, k2q_idx, k2q_num, kv_block_
     lse2/delta by bulk copy into shared memory; ``main``: which main kernel (:data:`MAINS`; "ws" is
     configured by ``ws_config`` instead: ``BlockSparseBwd64Sm90Ws``'s keyword arguments and
     ``group_blocks`` / ``group_min_blocks``, the q groups of ``cute_sm90_bwd64_ws.run_ws_chain``,
-    ``group_blocks=0`` for none; ``persistent=-1``: the persistent build with one CTA per SM);
+    ``group_blocks=0`` for none);
     ``order_policy``: the chain's work order (``cute_sm100_bwd.ORDER_POLICIES``). Raises ``ValueError`` naming the reason when :func:`sm90_bwd64_support`
     refuses."""
     if main not in MAINS:
@@ -110,8 +110,6 @@ def sm90_block_sparse_bwd64(q, k, v, out, dout, lse, k2q_idx, k2q_num, kv_block_
         group_min = cfg.pop("group_min_blocks", GROUP_MIN_BLOCKS)
         if "grouped" in cfg:
             raise ValueError("sm90_block_sparse_bwd64: ws_config's 'grouped' follows from group_blocks")
-        if int(cfg.get("persistent", 0)) < 0:  # -1: as many CTAs as the GPU has SMs
-            cfg["persistent"] = torch.cuda.get_device_properties(q.device).multi_processor_count
         return run_ws_chain(lambda grouped: compiled_sm90_main(main="ws", ws_config={**cfg, "grouped": grouped}),
                             q, k, v, out, dout, lse, k2q_idx, k2q_num, kv_block_sizes, sm_scale, order_policy,
                             group_blocks, group_min, dq_frag=bool(cfg.get("flat_dq", False)))

@@ -5,9 +5,9 @@ The stages of :func:`fastvideo_cute.adapters.cute_sm100_bwd.run_bwd64_chain` (pr
 order, main, postprocess) with one addition, q groups: when a sequence has ``GROUP_MIN_BLOCKS``
 q blocks or more (and more than ``group_blocks``), every kv block's k2q list is split at multiples of ``group_blocks`` q
 blocks and each part gets its own CTA, ordered so that the CTAs resident together read Q/dO and
-reduce dQ within one head's q group (``group_blocks`` rows of 64 tokens: 384 keeps that group's
-Q, dO and dq_accum, 3 x 12 MB, inside the H200's 50 MB L2, where a whole head at 65,536 tokens,
-3 x 32 MB, is not). The parts' dK/dV are then added into fp32 accumulators (zeroed here, one
+reduce dQ within one head's q group (``group_blocks`` rows of 64 tokens: 512 keeps that group's
+Q, dO and dq_accum, 8 + 8 + 16 MB, inside the H200's 50 MB L2, where a whole head at 65,536
+tokens, 16 + 16 + 32 MB, is not). The parts' dK/dV are then added into fp32 accumulators (zeroed here, one
 allocation for both) and converted to bf16 after the main kernel; with one group they are written
 once, in bf16, by the kernel. The split partitions each list's valid entries by group in one
 Triton launch (:func:`group_bounds`; a caller's order does not matter), and a grouped chain skips
@@ -29,8 +29,10 @@ from .cute_sm100_bwd import ORDER_POLICIES, sm100_bwd64_common_stages, sm100_bwd
 
 __all__ = ["GROUP_BLOCKS_DEFAULT", "GROUP_MIN_BLOCKS", "group_bounds", "run_ws_chain"]
 
-#: q blocks per group (cuDNN BSA's sm90 blk64 backward buckets its k2q lists by the same count)
-GROUP_BLOCKS_DEFAULT = 384
+#: q blocks per group: measured on the H200 at 65,536 tokens with the route's flat_dq build
+#: (benchmarks/results/bwd64_sm90_h200_v20.json, per-round ratio to cuDNN's blk64 backward): 512 (two
+#: groups) 1.022x, 448 1.007x, 384 (cuDNN's bucket, the default before) 0.999x, 320 0.972x, 256 0.962x
+GROUP_BLOCKS_DEFAULT = 512
 #: sequences with fewer q blocks than this are not split (one group): measured on the H200
 #: (benchmarks/results/bwd64_sm90_h200_v7.json), groups of 384 cost 14 % at 32,768 tokens (512 blocks:
 #: one whole head's Q, dO and dq_accum, 3 x 16 MB, already stays in L2) and 7 % on the Wan-1.3B grid

@@ -82,19 +82,9 @@ WS_NARROW_DEEP = ["ws:narrow_dq=1,q_stages=4", "ws:narrow_dq=1,p_stages=2", "ws:
 WS_FLAT = "ws:narrow_dq=1,p_stages=2,flat_dq=1"
 WS_FLAT_GROUPS = WS_FLAT + ",group_blocks=3,group_min_blocks=0"
 WS_FLAT_ALL = "ws:flat_dq=1,p_stages=2,q_stages=2,dq_stages=2,group_blocks=2,group_min_blocks=0"
-# the persistent build (2026-12-03, tenth session): each CTA takes work w, w + grid, ... with the K ring, V slot,
-# Q/dO rings, P^T and dQ staging buffers rotating on across items. The test cases have tens of items, so a few
-# CTAs make each run many: 3 CTAs on the flat route build; 2 with q groups (dK/dV by fp32 reductions); one
-# CTA for all the work with P^T single-buffered and the swizzled dQ tile double-buffered; and the route's
-# spelling (-1: one CTA per SM, here at most one item each)
-WS_PERSIST = WS_FLAT + ",persistent=3"
-WS_PERSIST_GROUPS = WS_FLAT + ",group_blocks=3,group_min_blocks=0,persistent=2"
-WS_PERSIST_ONE = "ws:q_stages=2,dq_stages=2,persistent=1"
-WS_PERSIST_SMS = WS_FLAT + ",persistent=-1"
 MAINS = ["atomic", "ws", WS_GROUPS, WS_ALL, WS_SMEM_KV, WS_GROUPS_REDG, WS_NARROW_DQ,
          WS_NARROW_DQ_GROUPS, *WS_NARROW_DEEP, WS_FLAT, WS_FLAT_GROUPS,
-         WS_FLAT_ALL, WS_PERSIST, WS_PERSIST_GROUPS, WS_PERSIST_ONE,
-         WS_PERSIST_SMS]  # the single-warpgroup kernel and the WS one
+         WS_FLAT_ALL]  # the single-warpgroup kernel and the WS one
 
 
 def _route_config() -> str:
@@ -139,8 +129,7 @@ def test_bulk_dq_reduce_matches_reference(dq_reduce):
 
 
 @pytest.mark.parametrize("dq_reduce", ["atomic", "bulk", "bulk-smemstats", "ws", WS_GROUPS, WS_ALL, WS_GROUPS_REDG,
-                                       WS_NARROW_DQ, WS_FLAT, WS_FLAT_GROUPS, WS_PERSIST, WS_PERSIST_GROUPS,
-                                       WS_PERSIST_ONE])
+                                       WS_NARROW_DQ, WS_FLAT, WS_FLAT_GROUPS])
 def test_zero_count_kv_blocks_and_empty_q_blocks(dq_reduce):
     (dq, dk, dv), lse = _vs_reference(dq_reduce=dq_reduce, excluded=(2, 5), empty_q=(1,), ragged=True)
     for j in (2, 5):
@@ -167,7 +156,7 @@ def test_bad_input_is_refused_before_launch():
 
 
 @pytest.mark.parametrize("dq_reduce", ["atomic", "bulk", "bulk-smemstats", "ws", WS_GROUPS, WS_ALL, WS_GROUPS_REDG,
-                                       WS_NARROW_DQ, "ws:narrow_dq=1,p_stages=2", WS_FLAT, WS_PERSIST_SMS])
+                                       WS_NARROW_DQ, "ws:narrow_dq=1,p_stages=2", WS_FLAT])
 def test_65536_tokens_vs_triton_and_run_to_run(dq_reduce):
     """1,024 kv blocks (the work order's regime), 12.5 % density, 4 heads: against the Triton
     backward; two runs: dk, dv bitwise, dq within the seed's summation-order bound. The

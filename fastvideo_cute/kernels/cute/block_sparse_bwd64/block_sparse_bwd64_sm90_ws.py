@@ -82,16 +82,15 @@ P_READY, P_FREE, DQ_FULL, DQ_FREE, WG2_SYNC = 1, 3, 5, 7, 9
 # WG1's staging done (WG2's uses WG2_SYNC)
 EPI_SYNC, EPI_WG1 = 10, 11
 MAX_STAGES = 2  # of the P and dQ buffers (two barrier ids each)
-K_SLOTS = 2  # K tiles of the persistent build (the next item's K loads while this item's dQ reads K)
 SMEM_LIMIT = 227 * 1024  # per CTA on sm_90
 
 
-def smem_bytes(q_stages: int = 3, p_stages: int = 1, dq_stages: int = 1, k_slots: int = 1) -> int:
-    """K (``k_slots`` tiles), V, the Q and dO rings, P^T (64 x 64 fp32 per stage), dS (64 x 64 bf16),
-    the dQ staging tiles, the stats, barriers, alignment."""
+def smem_bytes(q_stages: int = 3, p_stages: int = 1, dq_stages: int = 1) -> int:
+    """K, V, the Q and dO rings, P^T (64 x 64 fp32 per stage), dS (64 x 64 bf16), the dQ staging
+    tiles, the stats, barriers, alignment."""
     tile = BLOCK * HEAD_DIM * 2
-    return (tile * (1 + k_slots + 2 * q_stages) + BLOCK * BLOCK * (4 * p_stages + 2) + BLOCK * HEAD_DIM * 4 * dq_stages
-            + 2 * BLOCK * 4 * q_stages + 8 * (1 + 4 * q_stages + 2 * K_SLOTS + 2) + 6 * 1024)
+    return (tile * (2 + 2 * q_stages) + BLOCK * BLOCK * (4 * p_stages + 2) + BLOCK * HEAD_DIM * 4 * dq_stages
+            + 2 * BLOCK * 4 * q_stages + 8 * (1 + 4 * q_stages) + 6 * 1024)
 
 
 class BlockSparseBwd64Sm90Ws(CuteKernel):
@@ -107,8 +106,7 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
     name = "block_sparse_bwd64_sm90_ws"
 
     def __init__(self, q_stages: int = 3, p_stages: int = 1, dq_stages: int = 1, kv_regs: bool = True,
-                 grouped: bool = False, bulk_dkv: bool = True, narrow_dq: bool = False, flat_dq: bool = False,
-                 persistent: int = 0):
+                 grouped: bool = False, bulk_dkv: bool = True, narrow_dq: bool = False, flat_dq: bool = False):
         """``q_stages``: depth of the Q and dO rings; ``p_stages`` / ``dq_stages``: buffers of the
         P^T hand-off and of the dQ staging tile (1 or 2: with 2 the producing side runs a step
         ahead); ``kv_regs``: WG1 holds K and WG2 holds V in registers (S^T and dP^T as RS wgmma,
@@ -130,41 +128,27 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
         (``dq_accum`` rows ``64 rb .. 64 rb + 63`` hold q block ``rb``'s tile in that order: the caller runs
         ``BlockSparseBwd64PostprocessFrag``), instead of the 128-byte swizzled tile, whose 64-bit stores
         from the m64n128 fragment take two-way bank conflicts (half the staging's shared-memory
-        wavefronts are replays: Nsight Compute, 2026-12-03);
-        ``persistent`` (0: off): launch at most that many CTAs (the SM count), each taking work
-        ``w = cta, cta + grid, ...`` in turn: the producer loads the next item's K (a ring of
-        ``K_SLOTS`` tiles) and V (one slot, free once WG2 holds V in registers) and its first Q/dO
-        tiles while the item before still runs, and the P^T hand-off and dQ staging buffers rotate
-        across items (no CTA launch, barrier set-up or pipeline fill per item). Needs ``kv_regs``;
-        with ``grouped`` the dK/dV epilogue is the fp32 reductions (``bulk_dkv`` stages in the rings,
-        which the next item's tiles may already fill)."""
+        wavefronts are replays: Nsight Compute, 2026-12-03)."""
         for name, v in (("p_stages", p_stages), ("dq_stages", dq_stages)):
             if v not in (1, MAX_STAGES):
                 raise ValueError(f"{name} must be 1 or {MAX_STAGES}, got {v}")
         if q_stages not in (2, 3, 4):
             raise ValueError(f"q_stages must be 2, 3 or 4, got {q_stages}")
-        persistent = int(persistent)
-        if persistent < 0:
-            raise ValueError(f"persistent must be >= 0 (0: off), got {persistent}")
-        if persistent and not kv_regs:
-            raise ValueError("persistent needs kv_regs (K and V in registers free their slots early)")
-        need = smem_bytes(q_stages, p_stages, dq_stages, K_SLOTS if persistent else 1)
+        need = smem_bytes(q_stages, p_stages, dq_stages)
         if need > SMEM_LIMIT:
-            raise ValueError(f"q_stages={q_stages}, p_stages={p_stages}, dq_stages={dq_stages}, persistent={persistent} "
-                             f"need {need} B of shared memory, more than the {SMEM_LIMIT} B a CTA has on sm_90")
+            raise ValueError(f"q_stages={q_stages}, p_stages={p_stages}, dq_stages={dq_stages} need {need} B of "
+                             f"shared memory, more than the {SMEM_LIMIT} B a CTA has on sm_90")
         self.dtype = cutlass.BFloat16
         self.q_stages, self.p_stages, self.dq_stages = int(q_stages), int(p_stages), int(dq_stages)
         self.kv_regs, self.grouped = bool(kv_regs), bool(grouped)
-        self.persistent = persistent
-        self.bulk_dkv = bool(bulk_dkv) and self.grouped and not persistent
+        self.bulk_dkv = bool(bulk_dkv) and self.grouped
         self.narrow_dq = bool(narrow_dq)
         self.flat_dq = bool(flat_dq)
-        self.k_slots = K_SLOTS if persistent else 1
 
     def config(self):
         return {"q_stages": self.q_stages, "p_stages": self.p_stages, "dq_stages": self.dq_stages,
                 "kv_regs": self.kv_regs, "grouped": self.grouped, "bulk_dkv": self.bulk_dkv,
-                "narrow_dq": self.narrow_dq, "flat_dq": self.flat_dq, "persistent": self.persistent}
+                "narrow_dq": self.narrow_dq, "flat_dq": self.flat_dq}
 
     # ------------------------------------------------------------------ host side
     @cute.jit
@@ -176,7 +160,6 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
         k_atom = warpgroup.make_smem_layout_atom(warpgroup.SmemLayoutAtomKind.K_SW128, bf)
         tile_layout = cute.tile_to_shape(k_atom, (BLOCK, HEAD_DIM), order=(0, 1))
         ring_layout = cute.tile_to_shape(k_atom, (BLOCK, HEAD_DIM, self.q_stages), order=(0, 1, 2))
-        k_layout = cute.tile_to_shape(k_atom, (BLOCK, HEAD_DIM, self.k_slots), order=(0, 1, 2))  # the K ring
         ds_layout = cute.tile_to_shape(k_atom, (BLOCK, BLOCK), order=(0, 1))  # dS [q, kv], kv contiguous
         f_atom = warpgroup.make_smem_layout_atom(warpgroup.SmemLayoutAtomKind.K_SW128, Float32)
         dq_tile = cute.tile_to_shape(f_atom, (BLOCK, HEAD_DIM), order=(0, 1))  # dQ staging, 128-byte swizzle
@@ -202,11 +185,9 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
         @cute.struct
         class SharedStorage:
             bar_kv: cute.struct.MemRange[cutlass.Int64, 1]
-            bar_k: cute.struct.MemRange[cutlass.Int64, 2 * K_SLOTS]  # the persistent build's K ring
-            bar_v: cute.struct.MemRange[cutlass.Int64, 2]  # and its V slot
             bar_q: cute.struct.MemRange[cutlass.Int64, 2 * self.q_stages]
             bar_do: cute.struct.MemRange[cutlass.Int64, 2 * self.q_stages]
-            sK: cute.struct.Align[cute.struct.MemRange[bf, cute.cosize(k_layout)], 1024]
+            sK: cute.struct.Align[cute.struct.MemRange[bf, cute.cosize(tile_layout)], 1024]
             sV: cute.struct.Align[cute.struct.MemRange[bf, cute.cosize(tile_layout)], 1024]
             sQ: cute.struct.Align[cute.struct.MemRange[bf, cute.cosize(ring_layout)], 1024]
             sdO: cute.struct.Align[cute.struct.MemRange[bf, cute.cosize(ring_layout)], 1024]
@@ -221,18 +202,10 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
             tma_atom_Q, tma_Q, tma_atom_dO, tma_dO, tma_atom_K, tma_K, tma_atom_V, tma_V, tma_atom_dQ,
             mdQaccum if const_expr(self.flat_dq) else tma_dQ,
             mdK, mdV, mLSE2, mDelta, mIdx, mNum, mVbs, mOrder, mGB, sm_scale, scale_log2,
-            mma_s, mma_kv, mma_dq, tile_layout, k_layout, ring_layout, ds_layout, dq_ring, SharedStorage,
-        ).launch(grid=(self.grid_size(cute.size(mGB.shape[0]) * (cute.size(mGB.shape[1]) - 1)), 1, 1),
-                 block=(THREADS, 1, 1),
+            mma_s, mma_kv, mma_dq, tile_layout, ring_layout, ds_layout, dq_ring, SharedStorage,
+        ).launch(grid=(cute.size(mGB.shape[0]) * (cute.size(mGB.shape[1]) - 1), 1, 1), block=(THREADS, 1, 1),
                  smem=SharedStorage.size_in_bytes(),
                  stream=stream, min_blocks_per_mp=1)
-
-    def grid_size(self, work):
-        """CTAs launched for ``work`` (item, group) pairs: one each, or with ``persistent`` at most
-        that many (each strides over the work)."""
-        if const_expr(self.persistent):
-            return cutlass.min(work, Int32(self.persistent))
-        return work
 
     # ------------------------------------------------------------------ device side
     @cute.kernel
@@ -243,14 +216,30 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
                mIdx: cute.Tensor, mNum: cute.Tensor, mVbs: cute.Tensor, mOrder: cute.Tensor, mGB: cute.Tensor,
                sm_scale: Float32, scale_log2: Float32,
                mma_s: cute.TiledMma, mma_kv: cute.TiledMma, mma_dq: cute.TiledMma,
-               tile_layout: cute.ComposedLayout, k_layout: cute.ComposedLayout, ring_layout: cute.ComposedLayout,
-               ds_layout: cute.ComposedLayout, dq_ring: cute.ComposedLayout, SharedStorage: cutlass.Constexpr):
+               tile_layout: cute.ComposedLayout, ring_layout: cute.ComposedLayout, ds_layout: cute.ComposedLayout,
+               dq_ring: cute.ComposedLayout, SharedStorage: cutlass.Constexpr):
         tidx, _, _ = cute.arch.thread_idx()
         work, _, _ = cute.arch.block_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         nb = cute.size(mVbs.shape[0])
-        if const_expr(not self.persistent):
-            item, bh, kv, base, count, size = self.work_item(work, mOrder, mGB, mNum, mIdx, mVbs)
+        groups = cute.size(mGB.shape[1]) - 1
+        item = Int32(0)
+        g = Int32(0)
+        if groups == 1:  # CTA -> item through the work order
+            item = mOrder[work]
+        else:  # CTA -> (b*H + h, q group, kv): the CTAs running together share a head and a q group
+            per_head = groups * nb
+            bh0 = work // per_head
+            rem = work - bh0 * per_head
+            g = rem // nb
+            item = bh0 * nb + (rem - g * nb)
+        item = cute.arch.make_warp_uniform(item)
+        bh = item // nb
+        kv = item - bh * nb
+        num = cutlass.min(cutlass.max(mNum[item], Int32(0)), mIdx.shape[1])
+        base = cutlass.min(cutlass.max(mGB[item, g], Int32(0)), num)  # the group's part of the k2q list
+        count = cutlass.min(cutlass.max(mGB[item, g + 1], base), num) - base
+        size = cutlass.min(cutlass.max(mVbs[kv], Int32(0)), Int32(BLOCK))
 
         if warp_idx == 0:
             for atom in (tma_atom_Q, tma_atom_dO, tma_atom_K, tma_atom_V):
@@ -268,36 +257,9 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
         pipe_do = pipeline.PipelineTmaAsync.create(barrier_storage=storage.bar_do.data_ptr(), num_stages=self.q_stages,
                                                    producer_group=one, consumer_group=consumers,
                                                    tx_count=tile_bytes + BLOCK * 4, defer_sync=True)
-        if const_expr(self.persistent):
-            wg_warps = pipeline.CooperativeGroup(pipeline.Agent.Thread, WG // 32)
-            pipe_k = pipeline.PipelineTmaAsync.create(barrier_storage=storage.bar_k.data_ptr(), num_stages=K_SLOTS,
-                                                      producer_group=one, consumer_group=consumers,
-                                                      tx_count=tile_bytes, defer_sync=True)
-            pipe_v = pipeline.PipelineTmaAsync.create(barrier_storage=storage.bar_v.data_ptr(), num_stages=1,
-                                                      producer_group=one, consumer_group=wg_warps,
-                                                      tx_count=tile_bytes, defer_sync=True)
         cute.arch.mbarrier_init_fence()
         cute.arch.barrier()
-        if const_expr(self.persistent):
-            sched = (mOrder, mGB, mNum, mIdx, mVbs)
-            wg = warp_idx // 4
-            if wg == 0:
-                cute.arch.setmaxregister_decrease(REGS_PRODUCER)
-                if warp_idx == 0:
-                    self.producer_p(tma_atom_Q, mQ, tma_atom_dO, mdO, tma_atom_K, mK, tma_atom_V, mV, mLSE2, mDelta,
-                                    tile_layout, k_layout, ring_layout, storage, pipe_k, pipe_v, pipe_q, pipe_do,
-                                    sched)
-                if warp_idx == 1:
-                    self.dq_store_p(tma_atom_dQ, mdQaccum, dq_ring, storage, sched)
-            if wg == 1:
-                cute.arch.setmaxregister_increase(REGS_WG1)
-                self.wg_s_dv_p(mdV, mma_s, mma_kv, k_layout, ring_layout, storage, pipe_k, pipe_q, pipe_do,
-                               scale_log2, tidx - WG, sched)
-            if wg == 2:
-                cute.arch.setmaxregister_increase(REGS_WG2)
-                self.wg_dp_dq_dk_p(mdK, mma_s, mma_kv, mma_dq, tile_layout, k_layout, ring_layout, ds_layout, dq_ring,
-                                   storage, pipe_k, pipe_v, pipe_q, pipe_do, sm_scale, tidx - 2 * WG, sched)
-        elif count > 0:
+        if count > 0:
             wg = warp_idx // 4
             if wg == 0:
                 cute.arch.setmaxregister_decrease(REGS_PRODUCER)
@@ -318,41 +280,6 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
                 cute.arch.setmaxregister_increase(REGS_WG2)
                 self.wg_dp_dq_dk(mdK, mma_s, mma_kv, mma_dq, tile_layout, ring_layout, ds_layout, dq_ring, storage, bar_kv,
                                  pipe_q, pipe_do, sm_scale, tidx - 2 * WG, kv, bh, nb, count, size)
-
-    @cute.jit
-    def work_item(self, w, mOrder: cute.Tensor, mGB: cute.Tensor, mNum: cute.Tensor, mIdx: cute.Tensor,
-                  mVbs: cute.Tensor):
-        """Work ``w``'s ``(item, bh, kv, base, count, size)``: with one group the item ``mOrder[w]``,
-        with more ``(b*H + h, q group, kv)`` in that order from ``w`` (the CTAs running together share
-        a head and a q group); its part of the k2q list (``count`` entries from ``base``) and its kv
-        tile's key count."""
-        nb = cute.size(mVbs.shape[0])
-        groups = cute.size(mGB.shape[1]) - 1
-        item = Int32(0)
-        g = Int32(0)
-        if groups == 1:  # CTA -> item through the work order
-            item = mOrder[w]
-        else:  # CTA -> (b*H + h, q group, kv): the CTAs running together share a head and a q group
-            per_head = groups * nb
-            bh0 = w // per_head
-            rem = w - bh0 * per_head
-            g = rem // nb
-            item = bh0 * nb + (rem - g * nb)
-        item = cute.arch.make_warp_uniform(item)
-        bh = item // nb
-        kv = item - bh * nb
-        num = cutlass.min(cutlass.max(mNum[item], Int32(0)), mIdx.shape[1])
-        base = cutlass.min(cutlass.max(mGB[item, g], Int32(0)), num)  # the group's part of the k2q list
-        count = cutlass.min(cutlass.max(mGB[item, g + 1], base), num) - base
-        size = cutlass.min(cutlass.max(mVbs[kv], Int32(0)), Int32(BLOCK))
-        return item, bh, kv, base, count, size
-
-    @cute.jit
-    def work_range(self, mGB: cute.Tensor):
-        """The persistent CTA's work: ``(first, total, stride)`` for ``range(first, total, stride)``."""
-        work, _, _ = cute.arch.block_idx()
-        stride, _, _ = cute.arch.grid_dim()
-        return work, cute.size(mGB.shape[0]) * (cute.size(mGB.shape[1]) - 1), stride
 
     # ---- WG0 warp 0: loads
     @cute.jit
@@ -391,14 +318,12 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
 
     # ---- WG0 warp 1: dQ tiles into dq_accum
     @cute.jit
-    def dq_store(self, tma_atom_dQ, mdQaccum, mIdx, dq_ring, storage, item, bh, nb, base, count, t0=0):
-        """The store warp over one item's ``count`` steps (``t0``: the steps this CTA ran before, which
-        the staging buffers' rotation continues from)."""
+    def dq_store(self, tma_atom_dQ, mdQaccum, mIdx, dq_ring, storage, item, bh, nb, base, count):
         sdQ = storage.sdQ.get_tensor(dq_ring.outer, swizzle=dq_ring.inner)
         tDsD, tDgD = tma_row_tiles(tma_atom_dQ, mdQaccum, sdQ, (BLOCK, HEAD_DIM))
         for t in cutlass.range(count, unroll=1):
             rb = bh * nb + mIdx[item, base + t]
-            d = (t0 + t) % self.dq_stages
+            d = t % self.dq_stages
             # the reductions of step t - dq_stages (the same buffer) have read it
             cute.arch.cp_async_bulk_wait_group(self.dq_stages - 1, read=True)
             cute.arch.barrier_arrive(barrier_id=DQ_FREE + d, number_of_threads=WG + 32)
@@ -408,15 +333,15 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
         cute.arch.cp_async_bulk_wait_group(0, read=True)  # the buffer stays until the TMA unit has read it
 
     @cute.jit
-    def dq_store_flat(self, mdQaccum, mIdx, storage, item, bh, nb, base, count, t0=0):
+    def dq_store_flat(self, mdQaccum, mIdx, storage, item, bh, nb, base, count):
         """``flat_dq``'s store warp: lane 0 adds each staged tile (32 KB, register order) into q block
         ``rb``'s 32 KB of ``dq_accum`` by one bulk reduce-add; its bulk groups are lane 0's, so lane 0
-        alone waits on them, and the whole warp meets the named barriers (``t0``: as ``dq_store``)."""
+        alone waits on them, and the whole warp meets the named barriers."""
         lane = cute.arch.lane_idx()
         tile = BLOCK * HEAD_DIM
         for t in cutlass.range(count, unroll=1):
             rb = bh * nb + mIdx[item, base + t]
-            d = (t0 + t) % self.dq_stages
+            d = t % self.dq_stages
             if lane == 0:  # the reduction of step t - dq_stages (the same buffer) has read it
                 cute.arch.cp_async_bulk_wait_group(self.dq_stages - 1, read=True)
             cute.arch.barrier_arrive(barrier_id=DQ_FREE + d, number_of_threads=WG + 32)
@@ -571,236 +496,6 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
                                wtid, WG2_SYNC)
         else:
             self.store_rows(acc_dK, thr_kv, mdK, (bh * nb + kv) * BLOCK, size, sm_scale)
-
-    # ------------------------------------------------------------------ the persistent build
-    @cute.jit
-    def producer_p(self, tma_atom_Q, mQ, tma_atom_dO, mdO, tma_atom_K, mK, tma_atom_V, mV, mLSE2, mDelta,
-                   tile_layout, k_layout, ring_layout, storage, pipe_k, pipe_v, pipe_q, pipe_do, sched):
-        """``producer`` over the CTA's work: per item with steps, K into the next slot of the K ring
-        and V into its slot (each once its consumers released it), then the item's Q/dO tiles into
-        the rings, whose rotation runs on across items."""
-        mOrder, mGB, mNum, mIdx, mVbs = sched
-        nb = cute.size(mVbs.shape[0])
-        sK = storage.sK.get_tensor(k_layout.outer, swizzle=k_layout.inner)
-        sV = storage.sV.get_tensor(tile_layout.outer, swizzle=tile_layout.inner)
-        sQ = storage.sQ.get_tensor(ring_layout.outer, swizzle=ring_layout.inner)
-        sdO = storage.sdO.get_tensor(ring_layout.outer, swizzle=ring_layout.inner)
-        tQsQ, tQgQ = tma_row_tiles(tma_atom_Q, mQ, sQ, (BLOCK, HEAD_DIM))
-        tOsO, tOgO = tma_row_tiles(tma_atom_dO, mdO, sdO, (BLOCK, HEAD_DIM))
-        tKsK, tKgK = tma_row_tiles(tma_atom_K, mK, sK, (BLOCK, HEAD_DIM))
-        tVsV, tVgV = tma_row_tiles(tma_atom_V, mV, sV, (BLOCK, HEAD_DIM))
-        lse_ptr = storage.sLse.data_ptr()
-        delta_ptr = storage.sDelta.data_ptr()
-        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.q_stages)
-        kstate = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, K_SLOTS)
-        vstate = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
-        first, total, stride = self.work_range(mGB)
-        for w in cutlass.range(first, total, stride, unroll=1):
-            item, bh, kv, base, count, size = self.work_item(w, mOrder, mGB, mNum, mIdx, mVbs)
-            if count > 0:
-                kv_rb = bh * nb + kv
-                pipe_k.producer_acquire(kstate)
-                cute.copy(tma_atom_K, tKgK[None, kv_rb], tKsK[None, kstate.index],
-                          tma_bar_ptr=pipe_k.producer_get_barrier(kstate))
-                kstate.advance()
-                pipe_v.producer_acquire(vstate)
-                cute.copy(tma_atom_V, tVgV[None, kv_rb], tVsV, tma_bar_ptr=pipe_v.producer_get_barrier(vstate))
-                vstate.advance()
-                for t in cutlass.range(count, unroll=1):
-                    rb = bh * nb + mIdx[item, base + t]
-                    s = state.index
-                    pipe_q.producer_acquire(state)
-                    cute.copy(tma_atom_Q, tQgQ[None, rb], tQsQ[None, s], tma_bar_ptr=pipe_q.producer_get_barrier(state))
-                    with cute.arch.elect_one():
-                        bulk_copy_g2s(mLSE2.iterator + rb * BLOCK, lse_ptr + s * BLOCK,
-                                      pipe_q.producer_get_barrier(state), BLOCK * 4)
-                    pipe_do.producer_acquire(state)
-                    cute.copy(tma_atom_dO, tOgO[None, rb], tOsO[None, s], tma_bar_ptr=pipe_do.producer_get_barrier(state))
-                    with cute.arch.elect_one():
-                        bulk_copy_g2s(mDelta.iterator + rb * BLOCK, delta_ptr + s * BLOCK,
-                                      pipe_do.producer_get_barrier(state), BLOCK * 4)
-                    state.advance()
-
-    @cute.jit
-    def dq_store_p(self, tma_atom_dQ, mdQaccum, dq_ring, storage, sched):
-        """The store warp over the CTA's work (the staging buffers rotate on across items)."""
-        mOrder, mGB, mNum, mIdx, mVbs = sched
-        nb = cute.size(mVbs.shape[0])
-        steps = Int32(0)
-        first, total, stride = self.work_range(mGB)
-        for w in cutlass.range(first, total, stride, unroll=1):
-            item, bh, kv, base, count, size = self.work_item(w, mOrder, mGB, mNum, mIdx, mVbs)
-            if count > 0:
-                if const_expr(self.flat_dq):
-                    self.dq_store_flat(mdQaccum, mIdx, storage, item, bh, nb, base, count, steps)
-                else:
-                    self.dq_store(tma_atom_dQ, mdQaccum, mIdx, dq_ring, storage, item, bh, nb, base, count, steps)
-                steps = steps + count
-
-    @cute.jit
-    def wg_s_dv_p(self, mdV, mma_s, mma_kv, k_layout, ring_layout, storage, pipe_k, pipe_q, pipe_do, scale_log2,
-                  wtid, sched):
-        """``wg_s_dv`` over the CTA's work: per item K into registers from its ring slot (released at
-        once), the steps, dV written (or added, ``grouped``); the P^T buffers rotate on across items,
-        and after the last item WG1 takes the P_FREE signals of the last ``p_stages`` steps (WG2
-        signals every step here)."""
-        mOrder, mGB, mNum, mIdx, mVbs = sched
-        nb = cute.size(mVbs.shape[0])
-        bf = self.dtype
-        sK = storage.sK.get_tensor(k_layout.outer, swizzle=k_layout.inner)
-        sQ = storage.sQ.get_tensor(ring_layout.outer, swizzle=ring_layout.inner)
-        sdO = storage.sdO.get_tensor(ring_layout.outer, swizzle=ring_layout.inner)
-        sdOt = layout_utils.transpose_view(sdO)
-        sLse = storage.sLse.get_tensor(cute.make_layout((BLOCK, self.q_stages)))
-        thr_s = mma_s.get_slice(wtid)
-        thr_kv = mma_kv.get_slice(wtid)
-        tSrK = thr_s.make_fragment_A(thr_s.partition_A(sK[None, None, 0]))  # registers (kv_regs)
-        tSrQ = thr_s.make_fragment_B(thr_s.partition_B(sQ))
-        tVrdOt = thr_kv.make_fragment_B(thr_kv.partition_B(sdOt))
-        acc_S = cute.make_rmem_tensor(thr_s.partition_shape_C((BLOCK, BLOCK)), Float32)
-        acc_dV = cute.make_rmem_tensor(thr_kv.partition_shape_C((BLOCK, HEAD_DIM)), Float32)
-        acc_S_mn = layout_utils.reshape_acc_to_mn(acc_S)
-        tScS_mn = layout_utils.reshape_acc_to_mn(thr_s.partition_C(cute.make_identity_tensor((BLOCK, BLOCK))))
-        tP_view = layout_utils.reshape_acc_to_frgA(acc_S)
-        rP = cute.make_rmem_tensor_like(tP_view, bf)
-        num_cols = cute.size(acc_S_mn, mode=[1])
-        lse2 = cute.make_rmem_tensor((num_cols,), Float32)
-
-        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.q_stages)
-        kstate = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, K_SLOTS)
-        steps = Int32(0)
-        first, total, stride = self.work_range(mGB)
-        for w in cutlass.range(first, total, stride, unroll=1):
-            item, bh, kv, base, count, size = self.work_item(w, mOrder, mGB, mNum, mIdx, mVbs)
-            if count > 0:
-                pipe_k.consumer_wait(kstate)
-                self.load_a_regs(mma_s, sK[None, None, kstate.index], tSrK, wtid)
-                pipe_k.consumer_release(kstate)
-                kstate.advance()
-                acc_dV.fill(0.0)
-                for t in cutlass.range(count, unroll=1):
-                    s = state.index
-                    pipe_q.consumer_wait(state)
-                    wgmma_gemm(mma_s, acc_S, tSrK, tSrQ[None, None, None, s], True)
-                    for c in cutlass.range_constexpr(num_cols):
-                        lse2[c] = sLse[tScS_mn[0, c][1], s]
-                    warpgroup.wait_group(0)
-                    pipe_q.consumer_release(state)
-                    probs_t(acc_S_mn, tScS_mn, lse2, scale_log2, size)
-                    rP.store(tP_view.load().to(bf))
-                    ps = (steps + t) % self.p_stages
-                    if steps + t >= self.p_stages:  # WG2 has read the P^T of p_stages steps ago from this buffer
-                        cute.arch.barrier(barrier_id=P_FREE + ps, number_of_threads=2 * WG)
-                    cute.autovec_copy(acc_S, self.p_slot(storage, wtid, acc_S, ps))
-                    cute.arch.barrier_arrive(barrier_id=P_READY + ps, number_of_threads=2 * WG)
-                    pipe_do.consumer_wait(state)
-                    wgmma_gemm(mma_kv, acc_dV, rP, tVrdOt[None, None, None, s], False)
-                    warpgroup.wait_group(0)
-                    pipe_do.consumer_release(state)
-                    state.advance()
-                steps = steps + count
-                self.store_rows(acc_dV, thr_kv, mdV, (bh * nb + kv) * BLOCK, size, Float32(1.0))
-        for j in cutlass.range(cutlass.max(steps - self.p_stages, Int32(0)), steps, unroll=1):
-            cute.arch.barrier(barrier_id=P_FREE + j % self.p_stages, number_of_threads=2 * WG)
-
-    @cute.jit
-    def wg_dp_dq_dk_p(self, mdK, mma_s, mma_kv, mma_dq, tile_layout, k_layout, ring_layout, ds_layout, dq_ring, storage,
-                      pipe_k, pipe_v, pipe_q, pipe_do, sm_scale, wtid, sched):
-        """``wg_dp_dq_dk`` over the CTA's work: per item V into registers (its slot released at once),
-        K's padded rows zeroed in its ring slot, the steps (P_FREE signalled every step, the staging
-        buffers rotating on across items), the K slot released, dK written (or added, ``grouped``)."""
-        mOrder, mGB, mNum, mIdx, mVbs = sched
-        nb = cute.size(mVbs.shape[0])
-        bf = self.dtype
-        sK = storage.sK.get_tensor(k_layout.outer, swizzle=k_layout.inner)
-        sV = storage.sV.get_tensor(tile_layout.outer, swizzle=tile_layout.inner)
-        sQ = storage.sQ.get_tensor(ring_layout.outer, swizzle=ring_layout.inner)
-        sdO = storage.sdO.get_tensor(ring_layout.outer, swizzle=ring_layout.inner)
-        sdS = storage.sdS.get_tensor(ds_layout.outer, swizzle=ds_layout.inner)
-        sQt = layout_utils.transpose_view(sQ)
-        sKt = layout_utils.transpose_view(sK)
-        sdSt = layout_utils.transpose_view(sdS)
-        sDelta = storage.sDelta.get_tensor(cute.make_layout((BLOCK, self.q_stages)))
-        sdQ = storage.sdQ.get_tensor(dq_ring.outer, swizzle=dq_ring.inner)
-        thr_s = mma_s.get_slice(wtid)
-        thr_kv = mma_kv.get_slice(wtid)
-        thr_dq = mma_dq.get_slice(wtid)
-        tPrV = thr_s.make_fragment_A(thr_s.partition_A(sV))  # registers (kv_regs)
-        tPrdO = thr_s.make_fragment_B(thr_s.partition_B(sdO))
-        tKrQt = thr_kv.make_fragment_B(thr_kv.partition_B(sQt))
-        tQrdS = thr_dq.make_fragment_A(thr_dq.partition_A(sdS))
-        tQrKt = thr_dq.make_fragment_B(thr_dq.partition_B(sKt))  # (..., K slot)
-        acc_dP = cute.make_rmem_tensor(thr_s.partition_shape_C((BLOCK, BLOCK)), Float32)
-        acc_dK = cute.make_rmem_tensor(thr_kv.partition_shape_C((BLOCK, HEAD_DIM)), Float32)
-        rP = cute.make_rmem_tensor_like(acc_dP, Float32)  # P^T from WG1, in acc_dP's order
-        acc_dP_mn = layout_utils.reshape_acc_to_mn(acc_dP)
-        rP_mn = layout_utils.reshape_acc_to_mn(rP)
-        tScS_mn = layout_utils.reshape_acc_to_mn(thr_s.partition_C(cute.make_identity_tensor((BLOCK, BLOCK))))
-        tdS_view = layout_utils.reshape_acc_to_frgA(acc_dP)
-        rdS = cute.make_rmem_tensor_like(tdS_view, bf)
-        copy_dS, _, _ = quack_copy.get_smem_store_C(mma_s, sdSt, wtid, transpose=True, position_independent=True,
-                                                     major_mode_size=BLOCK)
-        acc_dQ = cute.make_rmem_tensor(thr_dq.partition_shape_C((BLOCK, HEAD_DIM)), Float32)
-        tQsdQ = thr_dq.partition_C(sdQ)  # (..., dq stage)
-        num_cols = cute.size(acc_dP_mn, mode=[1])
-        delta = cute.make_rmem_tensor((num_cols,), Float32)
-
-        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.q_stages)
-        kstate = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, K_SLOTS)
-        vstate = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
-        steps = Int32(0)
-        first, total, stride = self.work_range(mGB)
-        for w in cutlass.range(first, total, stride, unroll=1):
-            item, bh, kv, base, count, size = self.work_item(w, mOrder, mGB, mNum, mIdx, mVbs)
-            if count > 0:
-                ks = kstate.index
-                pipe_k.consumer_wait(kstate)
-                pipe_v.consumer_wait(vstate)
-                self.load_a_regs(mma_s, sV, tPrV, wtid)
-                pipe_v.consumer_release(vstate)
-                vstate.advance()
-                if size < BLOCK:  # K's padded rows to 0 for dQ = dS K (WG1's S^T discards them by select)
-                    for r in cutlass.range(size, BLOCK, unroll=1):
-                        sK[r, wtid, ks] = bf(0.0)
-                    cute.arch.fence_proxy("async.shared", space="cta")
-                    cute.arch.barrier(barrier_id=WG2_SYNC, number_of_threads=WG)
-                acc_dK.fill(0.0)
-                for t in cutlass.range(count, unroll=1):
-                    s = state.index
-                    ps = (steps + t) % self.p_stages
-                    d = (steps + t) % self.dq_stages
-                    pipe_q.consumer_wait(state)
-                    pipe_do.consumer_wait(state)
-                    wgmma_gemm(mma_s, acc_dP, tPrV, tPrdO[None, None, None, s], True)
-                    for c in cutlass.range_constexpr(num_cols):
-                        delta[c] = sDelta[tScS_mn[0, c][1], s]
-                    cute.arch.barrier(barrier_id=P_READY + ps, number_of_threads=2 * WG)
-                    cute.autovec_copy(self.p_slot(storage, wtid, acc_dP, ps), rP)
-                    cute.arch.barrier_arrive(barrier_id=P_FREE + ps, number_of_threads=2 * WG)
-                    warpgroup.wait_group(0)
-                    pipe_do.consumer_release(state)
-                    dscores_t(rP_mn, acc_dP_mn, tScS_mn, delta, size)
-                    rdS.store(tdS_view.load().to(bf))
-                    copy_dS(rdS)
-                    cute.arch.fence_proxy("async.shared", space="cta")
-                    cute.arch.barrier(barrier_id=WG2_SYNC, number_of_threads=WG)
-                    self.gemm_dq(mma_dq, acc_dQ, tQrdS, tQrKt[None, None, None, ks], size)
-                    wgmma_gemm(mma_kv, acc_dK, rdS, tKrQt[None, None, None, s], False)
-                    warpgroup.wait_group(1)  # dQ done (dK may still run)
-                    cute.arch.barrier(barrier_id=DQ_FREE + d, number_of_threads=WG + 32)
-                    if const_expr(self.flat_dq):
-                        self.stage_dq_flat(acc_dQ, storage.sdQ.data_ptr() + d * (BLOCK * HEAD_DIM), wtid)
-                    else:
-                        cute.autovec_copy(acc_dQ, tQsdQ[None, None, None, d])
-                    cute.arch.fence_proxy("async.shared", space="cta")
-                    cute.arch.barrier_arrive(barrier_id=DQ_FULL + d, number_of_threads=WG + 32)
-                    warpgroup.wait_group(0)
-                    pipe_q.consumer_release(state)
-                    state.advance()
-                steps = steps + count
-                pipe_k.consumer_release(kstate)
-                kstate.advance()
-                self.store_rows(acc_dK, thr_kv, mdK, (bh * nb + kv) * BLOCK, size, sm_scale)
 
     @cute.jit
     def gemm_dq(self, mma_dq, acc_dQ: cute.Tensor, tQrdS: cute.Tensor, tQrKt: cute.Tensor, size: Int32):
