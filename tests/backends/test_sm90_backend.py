@@ -140,14 +140,14 @@ def test_compile_keys_name_the_kernel_and_the_gate_variant():
 
 
 def test_the_shipped_table_picks_it_where_it_was_fastest(monkeypatch):
-    """The measured table (v9: benchmarks/results/vsa_h200_table9_bwd64_{synthetic,grid}.json for the
+    """The measured table (v10: benchmarks/results/vsa_h200_table10_bwd64_{synthetic,grid}.json for the
     64-token backwards, table8_grid + table7_synthetic for the rest) ranks sm90 first for the sm_90
-    64-token forward classes, the 64-token partial-tile backward (its flat_dq build) and the
-    128/256-token partial-tile forwards; a 64-token training call on partial tiles runs sm90 both
-    ways, on full tiles sm90 then cuDNN's backward; 128/256-token training calls pair it with cuDNN's
-    backward (one q group at these lengths), FA4's where cuDNN cannot serve; FA4 keeps the 128/256
-    full-tile forwards; without the table (legacy rules) FA4 comes first, so an inference call never
-    takes it."""
+    64-token forward classes, both 64-token backward classes (its flat_dq build, q groups of 512
+    blocks) and the 128/256-token partial-tile forwards; a 64-token training call runs sm90 both
+    ways; 128/256-token training calls pair it with cuDNN's backward (one q group at these lengths),
+    FA4's where cuDNN cannot serve; FA4 keeps the 128/256 full-tile forwards; without the table
+    (legacy rules) FA4 comes first, so an inference call never takes it. ``FASTVIDEO_VSA_CUTEDSL=1``
+    takes the same backends as the default in every one of these classes (the table serves both)."""
     from fastvideo_cute import route_table
 
     for name in ("FASTVIDEO_VSA_TRITON", "FASTVIDEO_VSA_CUTEDSL", "FASTVIDEO_VSA_BACKEND"):
@@ -161,17 +161,20 @@ def test_the_shipped_table_picks_it_where_it_was_fastest(monkeypatch):
     fwd, bwd = routes.select_routes(_with(need_grad=True))
     assert (fwd.name, bwd.name) == ("sm90", "sm90")  # partial tiles
     fwd, bwd = routes.select_routes(_with(need_grad=True, kv_all_full=True))
-    assert (fwd.name, bwd.name) == ("sm90", "cudnn")
+    assert (fwd.name, bwd.name) == ("sm90", "sm90")  # full tiles (v10)
+    classes = [_with(need_grad=True, block_size=b, kv_all_full=f) for b in (64, 128, 256) for f in (False, True)]
+    default = [tuple(x.name for x in routes.select_routes(info)) for info in classes]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("FASTVIDEO_VSA_CUTEDSL", "1")
+        assert [tuple(x.name for x in routes.select_routes(info)) for info in classes] == default
     for block in (128, 256):
         assert routes.select_route(_with(block_size=block)).name == "sm90"  # partial tiles
         assert routes.select_route(_with(block_size=block, kv_all_full=True)).name == "fa4"
         fwd, bwd = routes.select_routes(_with(block_size=block, need_grad=True))
         assert (fwd.name, bwd.name) == ("sm90", "cudnn")
-    # the table ranks our backward second for the 64-token full-tile class and FA4's for the
-    # 128/256-token partial-tile ones: they serve when cuDNN cannot
+    # the table ranks FA4's backward second for the 128/256-token partial-tile classes: it serves when
+    # cuDNN cannot
     monkeypatch.setattr(BACKENDS["cudnn"], "support", lambda info: (False, "not installed"))
-    fwd, bwd = routes.select_routes(_with(need_grad=True, kv_all_full=True))
-    assert (fwd.name, bwd.name) == ("sm90", "sm90")
     for block in (128, 256):
         fwd, bwd = routes.select_routes(_with(block_size=block, need_grad=True))
         assert (fwd.name, bwd.name) == ("sm90", "fa4")
