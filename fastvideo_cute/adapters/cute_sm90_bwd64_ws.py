@@ -23,7 +23,7 @@ import torch
 
 from fastvideo_cute.kernels.cute.block_sparse_bwd64.limits import HEAD_DIM
 
-from fastvideo_cute.kernels.triton.q_group_lists import q_group_lists
+from fastvideo_cute.kernels.triton.q_group_lists import MAX_GROUPS, q_group_lists
 
 from .cute_sm100_bwd import ORDER_POLICIES, sm100_bwd64_common_stages, sm100_bwd64_postprocess
 
@@ -50,7 +50,7 @@ def group_bounds(k2q_idx: torch.Tensor, k2q_num: torch.Tensor, num_blocks: int, 
     its q blocks in ``[g * group_blocks, (g + 1) * group_blocks)``). One group (``gb = [0, num]``, the
     lists as given) when ``group_blocks`` is None or at least ``num_blocks``, or ``num_blocks`` is below
     ``min_blocks``. On CUDA with ``_TRITON_GROUPS`` one Triton launch
-    (``kernels/triton/q_group_lists``), else torch ops (a stable sort by group); slots past a
+    (``kernels/triton/q_group_lists``, up to its ``MAX_GROUPS`` groups), else torch ops (a stable sort by group); slots past a
     row's count differ between the two, never read."""
     items = k2q_num.numel()
     idx = k2q_idx.to(torch.int32).reshape(items, k2q_idx.shape[-1]).contiguous()
@@ -60,7 +60,7 @@ def group_bounds(k2q_idx: torch.Tensor, k2q_num: torch.Tensor, num_blocks: int, 
     if group_blocks < 1:
         raise ValueError(f"group_blocks must be >= 1 or None, got {group_blocks}")
     groups = -(-num_blocks // group_blocks)
-    if _TRITON_GROUPS and idx.is_cuda:
+    if _TRITON_GROUPS and idx.is_cuda and groups <= MAX_GROUPS:
         out = torch.empty_like(idx)
         gb = torch.empty((items, groups + 1), dtype=torch.int32, device=idx.device)
         with torch.cuda.device(idx.device):

@@ -11,11 +11,14 @@ in the row (a stable partition: an ascending list, as ``metadata.map_to_index`` 
 stays ascending); slots past the count are left as they were (never read); and ``gb [R, GROUPS +
 1]``, the bounds (``gb[r, 0] = 0``, ``gb[r, GROUPS] = num[r]`` clamped).
 
-Dataflow: one program per ``ROWS`` rows, the whole width (``BLOCK_W = next_power_of_2(W)``) in
-registers: the row's valid entries and their groups, then per group a prefix sum of its members
-(each member's slot) and one masked store. The input is read once, no host sync, no atomics.
-Written to replace the torch ops of the sort-based split (a segmented sort of the padded rows,
-``where``, ``searchsorted``: ~0.4 ms a call at 65,536 tokens, ``prof_bwd64_kernels_h200.json``).
+Dataflow: one program per row, its valid entries in chunks of ``CHUNK`` (a row's count, not its
+width, bounds the loops: k2q lists are allocated ``nb`` wide and hold ~1/8 of it): a first pass
+counts each group's members (a one-hot ``[CHUNK, GROUPS]`` sum), their exclusive prefix is the
+groups' first slots (the bounds, stored), a second pass gives each member its group's next slot
+(a prefix sum down the one-hot columns) and stores it there. No host sync, no atomics. Written to
+replace the torch ops of the sort-based split (a segmented sort of the padded rows, ``where``,
+``searchsorted``: ~0.4 ms a call at 65,536 tokens, ``prof_bwd64_kernels_h200.json``; the first,
+whole-width version of this kernel took 0.125 ms there, ``prof_bwd64_kernels_h200_v2.json``).
 This module does not import torch; the launch helper writes into caller-allocated tensors (CPU
 tensors under ``TRITON_INTERPRET=1``).
 """
@@ -25,37 +28,52 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-__all__ = ["q_group_lists"]
+__all__ = ["q_group_lists", "MAX_GROUPS"]
+
+
+#: the most groups one launch splits into (the group ids are a vector of this many lanes)
+MAX_GROUPS = 64
 
 
 @triton.jit
-def _q_group_lists_kernel(IDX, NUM, OUT, GB, R, W, GROUP, GROUPS, ROWS: tl.constexpr, BLOCK_W: tl.constexpr):
-    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
-    rmask = rows < R
-    r64 = rows.to(tl.int64)
-    slots = tl.arange(0, BLOCK_W)
-    num = tl.minimum(tl.maximum(tl.load(NUM + r64, mask=rmask, other=0), 0), W)
-    valid = rmask[:, None] & (slots[None, :] < num[:, None])
-    idx = tl.load(IDX + r64[:, None] * W + slots[None, :], mask=valid, other=0)
-    grp = tl.minimum(tl.maximum(idx // GROUP, 0), GROUPS - 1)
-    start = tl.zeros([ROWS], dtype=tl.int32)
-    tl.store(GB + r64 * (GROUPS + 1), start, mask=rmask)
-    for g in range(GROUPS):
-        member = valid & (grp == g)
-        m = member.to(tl.int32)
-        slot = start[:, None] + tl.cumsum(m, 1) - 1
-        tl.store(OUT + r64[:, None] * W + slot, idx, mask=member)
-        start += tl.sum(m, 1)
-        tl.store(GB + r64 * (GROUPS + 1) + g + 1, start, mask=rmask)
+def _q_group_lists_kernel(IDX, NUM, OUT, GB, W, GROUP, GROUPS, CHUNK: tl.constexpr, G: tl.constexpr):
+    r = tl.program_id(0).to(tl.int64)
+    num = tl.minimum(tl.maximum(tl.load(NUM + r), 0), W)
+    gid = tl.arange(0, G)
+    counts = tl.zeros([G], dtype=tl.int32)
+    for c in range(0, num, CHUNK):
+        slots = c + tl.arange(0, CHUNK)
+        valid = slots < num
+        idx = tl.load(IDX + r * W + slots, mask=valid, other=0)
+        grp = tl.minimum(tl.maximum(idx // GROUP, 0), GROUPS - 1)
+        onehot = ((grp[:, None] == gid[None, :]) & valid[:, None]).to(tl.int32)
+        counts += tl.sum(onehot, 0)
+    ends = tl.cumsum(counts, 0)
+    tl.store(GB + r * (GROUPS + 1), 0)
+    tl.store(GB + r * (GROUPS + 1) + 1 + gid, ends, mask=gid < GROUPS)
+    nxt = ends - counts
+    for c in range(0, num, CHUNK):
+        slots = c + tl.arange(0, CHUNK)
+        valid = slots < num
+        idx = tl.load(IDX + r * W + slots, mask=valid, other=0)
+        grp = tl.minimum(tl.maximum(idx // GROUP, 0), GROUPS - 1)
+        onehot = ((grp[:, None] == gid[None, :]) & valid[:, None]).to(tl.int32)
+        rank = tl.cumsum(onehot, 0) - 1 + nxt[None, :]
+        pos = tl.sum(tl.where(onehot != 0, rank, 0), 1)
+        tl.store(OUT + r * W + pos, idx, mask=valid)
+        nxt += tl.sum(onehot, 0)
 
 
-def q_group_lists(idx, num, group: int, groups: int, out, gb, rows_per_program: int = 4) -> None:
+def q_group_lists(idx, num, group: int, groups: int, out, gb, chunk: int = 128) -> None:
     """Write the lists of ``idx`` / ``num`` partitioned by q group (module docstring) into ``out``
     (``[R, W]`` int32, contiguous, not ``idx`` itself) and ``gb`` (``[R, groups + 1]`` int32,
-    contiguous). ``idx`` ``[R, W]`` and ``num`` ``[R]`` int32, contiguous; ``group``, ``groups`` >= 1."""
+    contiguous). ``idx`` ``[R, W]`` and ``num`` ``[R]`` int32, contiguous; ``group`` >= 1,
+    ``1 <= groups <= MAX_GROUPS``; ``chunk``: entries per loop step (a power of two)."""
     r, w = idx.shape
-    if group < 1 or groups < 1:
-        raise ValueError(f"q_group_lists: group and groups must be >= 1, got {group!r}, {groups!r}")
+    if group < 1 or not 1 <= groups <= MAX_GROUPS:
+        raise ValueError(f"q_group_lists: group must be >= 1 and groups in [1, {MAX_GROUPS}], got {group!r}, {groups!r}")
+    if chunk < 1 or chunk & (chunk - 1):
+        raise ValueError(f"q_group_lists: chunk must be a power of two, got {chunk!r}")
     if tuple(out.shape) != (r, w) or tuple(gb.shape) != (r, groups + 1) or tuple(num.shape) != (r,):
         raise ValueError(f"q_group_lists: expected out [{r}, {w}], gb [{r}, {groups + 1}], num [{r}]; "
                          f"got {tuple(out.shape)}, {tuple(gb.shape)}, {tuple(num.shape)}")
@@ -63,6 +81,5 @@ def q_group_lists(idx, num, group: int, groups: int, out, gb, rows_per_program: 
         raise ValueError("q_group_lists: out must not be idx (the rows are read while written)")
     if r == 0:
         return
-    grid = (triton.cdiv(r, rows_per_program),)
-    _q_group_lists_kernel[grid](idx, num, out, gb, r, w, group, groups, ROWS=rows_per_program,
-                                BLOCK_W=triton.next_power_of_2(max(w, 1)), num_warps=4)
+    _q_group_lists_kernel[(r,)](idx, num, out, gb, w, group, groups, CHUNK=chunk,
+                                G=max(2, triton.next_power_of_2(groups)), num_warps=4)
