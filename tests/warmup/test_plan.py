@@ -144,7 +144,12 @@ def test_plan_follows_the_shipped_route_table_per_direction(monkeypatch):
     monkeypatch.setattr(BACKENDS["cudnn"], "support", lambda call: (call.head_dim == 128, "test"))
     plan = plan_of(Target("cuda", (9, 0), False), "auto", blocks=(64,))
     unit = plan[(64, "train")]
-    # 64 full tiles (table v4): our sm90 forward, cuDNN's backward; each key from its own backend
+    # 64 full tiles (table v10): our sm90 forward and backward (cuDNN's second for the backward)
+    assert unit.route == "sm90", unit.route
+    assert unit.keys["fwd"].route == "sm90" and unit.keys["bwd"].route == "sm90"
+    # with our backward unable to serve, the table's next backend plans it: each key from its own backend
+    monkeypatch.setattr(BACKENDS["sm90"], "support", lambda call: (not call.need_grad, "test"))
+    unit = plan_of(Target("cuda", (9, 0), False), "auto", blocks=(64,))[(64, "train")]
     assert unit.route == "sm90|cudnn", unit.route
     assert unit.keys["fwd"].route == "sm90" and unit.keys["bwd"].route == "cudnn"
 
@@ -177,9 +182,9 @@ def test_plan_gated_vsa_inference_on_sm90_compiles_the_fused_gate_kernel(clean_r
 
 
 def test_plan_gated_vsa_training_with_the_table_compiles_the_out_s_build(monkeypatch):
-    """Gated training whose forward the shipped route table gives to sm90 (paired with cuDNN's
-    backward) plans the fused-gate build that also stores out_s: another kernel than the inference
-    one and than the plain forward."""
+    """Gated training whose forward the shipped route table gives to sm90 (v10: its backward too)
+    plans the fused-gate build that also stores out_s: another kernel than the inference one and
+    than the plain forward."""
     import dataclasses
     import importlib.util
 
@@ -199,7 +204,7 @@ def test_plan_gated_vsa_training_with_the_table_compiles_the_out_s_build(monkeyp
                                   ("infer", "train"), "auto", None)
     by = {(u.workload.gated, u.mode): u for u in units}
     train = by[(True, "train")]
-    assert train.route == "sm90|cudnn" and dict(train.keys["fwd"].detail)["gate"] == "fused+out_s", train
+    assert train.route == "sm90" and dict(train.keys["fwd"].detail)["gate"] == "fused+out_s", train
     others = {by[(True, "infer")].keys["fwd"].digest(), by[(False, "train")].keys["fwd"].digest()}
     assert train.keys["fwd"].digest() not in others and len(others) == 2
     assert dict(by[(False, "train")].keys["fwd"].detail).get("gate") in (None, "none")
