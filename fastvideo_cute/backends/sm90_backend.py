@@ -26,6 +26,10 @@ Where the router sends it (``fastvideo_cute.routes``):
 - the 128/256-token partial-tile forward classes (same files: 1.83 vs 2.14 ms for FA4 on the
   128-token Wan grid, 1.87 vs 1.99 ms on the 256-token one); FA4 keeps the full-tile ones (its
   128-wide tiles: 6.22 vs 7.23 ms);
+- both 64-token backward classes (route table v10, ``benchmarks/results/vsa_h200_table10_bwd64_{synthetic,grid}.json``:
+  23.41 vs 23.70 ms for cuDNN's route over S=32768 + 65536, 6.81 vs 7.00 ms on the Wan-1.3B grid),
+  in the configuration ``_BWD_WS_CONFIG`` (the warp-specialized kernel with ``flat_dq``; q groups of
+  512 blocks from 768 blocks on, ``adapters/cute_sm90_bwd64_ws``);
 - ``video_sparse_attn`` inference calls with a gate (``select_vsa_route_name``), where the fused
   epilogue also saves the separate gate pass (1.01x / 1.03x / 1.05x the cuDNN path at S=32768 /
   65536 / the Wan-1.3B grid, ``benchmarks/results/fwd64_sm90_h200_v5.json``; 128/256-token tiles:
