@@ -302,12 +302,14 @@ def sm100_block_sparse_bwd64(q, k, v, out, dout, lse, k2q_idx, k2q_num, kv_block
 
 
 def run_bwd64_chain(main_fn, q, k, v, out, dout, lse, k2q_idx, k2q_num, kv_block_sizes, sm_scale: float,
-                    order_policy: str = "auto"):
+                    order_policy: str = "auto", frag_order: bool = False):
     """Stages 1-4 around a compiled main kernel ``main_fn`` (the tcgen05 or the wgmma one: both take
     ``(q2d, k2d, v2d, do2d, dk2d, dv2d, dqacc2d, lse2, delta, idx2d, num, vbs, order, sm_scale)``);
     the inputs were checked by the caller's support predicate. ``order_policy``: "auto" (stage 2's
     :func:`work_order`) or "identity" (CTA = item: neighbouring kv blocks of one head run together,
-    so the q blocks they reduce dQ into and read Q/dO from are one head's). Returns ``(dq, dk, dv)``."""
+    so the q blocks they reduce dQ into and read Q/dO from are one head's); ``frag_order``: the main
+    kernel leaves dq_accum's tiles in its register order (the Hopper kernels' flat staging: the
+    matching postprocess). Returns ``(dq, dk, dv)``."""
     if order_policy not in ORDER_POLICIES:
         raise ValueError(f"order_policy must be one of {ORDER_POLICIES}, got {order_policy!r}")
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
@@ -328,5 +330,5 @@ def run_bwd64_chain(main_fn, q, k, v, out, dout, lse, k2q_idx, k2q_num, kv_block
         main_fn(q.view(-1, HEAD_DIM), k.view(-1, HEAD_DIM), v.view(-1, HEAD_DIM), dout.view(-1, HEAD_DIM),
                 dk.view(-1, HEAD_DIM), dv.view(-1, HEAD_DIM), dq_accum.view(-1, HEAD_DIM),
                 common["lse2"].view(-1), common["delta"].view(-1), idx, num, vbs, order, float(sm_scale))
-    sm100_bwd64_postprocess(dq_accum, lse, sm_scale, dq=dq)
+    sm100_bwd64_postprocess(dq_accum, lse, sm_scale, dq=dq, frag_order=frag_order)
     return dq, dk, dv

@@ -114,4 +114,5 @@ def sm90_block_sparse_bwd64(q, k, v, out, dout, lse, k2q_idx, k2q_num, kv_block_
                             q, k, v, out, dout, lse, k2q_idx, k2q_num, kv_block_sizes, sm_scale, order_policy,
                             group_blocks, group_min, dq_frag=bool(cfg.get("flat_dq", False)))
     fn = compiled_sm90_main(dq_reduce, stats_in_smem, main, ws_config) if q.numel() else None
-    return run_bwd64_chain(fn, q, k, v, out, dout, lse, k2q_idx, k2q_num, kv_block_sizes, sm_scale, order_policy)
+    return run_bwd64_chain(fn, q, k, v, out, dout, lse, k2q_idx, k2q_num, kv_block_sizes, sm_scale, order_policy,
+                           frag_order=dq_reduce == "flat")

@@ -78,3 +78,25 @@ def test_bad_configuration_is_refused():
 
     with pytest.raises(ValueError, match="dq_reduce"):
         sm90_main_kernel("tma")
+
+
+def test_flat_variant_stages_dq_in_register_order():
+    """``dq_reduce="flat"``: dQ as one 64x128 wgmma group beside dK (12 HGMMA.64x128x16 with dV),
+    dS written by stmatrix (4 STSM), dQ staged by 16 128-bit stores a thread and added by two bulk
+    reductions, lse2/delta by bulk copy; the wgmmas pipelined (the three waits the step asks for, as
+    measured with nvidia-cutlass-dsl 4.8.1: S^T, dP^T, the step's end), no spill (250 registers)."""
+    from functools import partial
+
+    from fastvideo_cute.kernels.cute import CuteKernelSpec
+    from fastvideo_cute.kernels.cute.block_sparse_bwd64 import sm90_main_kernel
+
+    spec = CuteKernelSpec(name=NAME + "_flat", archs=("sm_90a",), make=partial(sm90_main_kernel, "flat"),
+                          expect=("HGMMA", "UTMALDG", "UBLKRED", "UBLKCP", "STSM"))
+    report = build_report(spec, "sm_90a")
+    print(report.line)
+    assert report.ok and report.spill == 0 and report.regs <= 255, report.line
+    shapes = re.findall(r"HGMMA\.(\d+x\d+x\d+)\.F32", report.sass)
+    assert shapes.count("64x64x16") == 8 + 8 and shapes.count("64x128x16") == 4 + 4 + 4, shapes
+    assert report.count("UBLKRED") == 2 and report.count("REDG") == 0
+    assert report.count("STSM") == 4 and report.count("STS.128") >= 16
+    assert report.sass.count("WARPGROUP.DEPBAR") <= 4, report.line

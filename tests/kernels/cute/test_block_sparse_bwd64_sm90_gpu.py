@@ -82,7 +82,10 @@ WS_NARROW_DEEP = ["ws:narrow_dq=1,q_stages=4", "ws:narrow_dq=1,p_stages=2", "ws:
 WS_FLAT = "ws:narrow_dq=1,p_stages=2,flat_dq=1"
 WS_FLAT_GROUPS = WS_FLAT + ",group_blocks=3,group_min_blocks=0"
 WS_FLAT_ALL = "ws:flat_dq=1,p_stages=2,q_stages=2,dq_stages=2,group_blocks=2,group_min_blocks=0"
-MAINS = ["atomic", "ws", WS_GROUPS, WS_ALL, WS_SMEM_KV, WS_GROUPS_REDG, WS_NARROW_DQ,
+# the single-warpgroup kernel rebuilt (dq_reduce="flat", 2026-12-04): dQ with dK in one group, staged in
+# register order into the step's Q/dO slots, two 16 KB bulk reductions; dS by stmatrix
+FLAT = "flat"
+MAINS = ["atomic", FLAT, "ws", WS_GROUPS, WS_ALL, WS_SMEM_KV, WS_GROUPS_REDG, WS_NARROW_DQ,
          WS_NARROW_DQ_GROUPS, *WS_NARROW_DEEP, WS_FLAT, WS_FLAT_GROUPS,
          WS_FLAT_ALL]  # the single-warpgroup kernel and the WS one
 
@@ -120,7 +123,7 @@ def test_sequence_lengths(nb, main):
     _vs_reference(dq_reduce=main, nb=nb, topk=min(3, nb), ragged=True)
 
 
-@pytest.mark.parametrize("dq_reduce", ["atomic", "bulk", "bulk-smemstats", "ws", WS_GROUPS, WS_ALL, WS_GROUPS_REDG,
+@pytest.mark.parametrize("dq_reduce", ["atomic", "bulk", "bulk-smemstats", FLAT, "ws", WS_GROUPS, WS_ALL, WS_GROUPS_REDG,
                                        WS_NARROW_DQ])
 def test_bulk_dq_reduce_matches_reference(dq_reduce):
     """The main kernel's two dQ paths (fp32 atomics / the tile staged and bulk-reduced), B = 2,
@@ -128,7 +131,7 @@ def test_bulk_dq_reduce_matches_reference(dq_reduce):
     _vs_reference(dq_reduce=dq_reduce, batch=2, topk=5, ragged=True, seed=3)
 
 
-@pytest.mark.parametrize("dq_reduce", ["atomic", "bulk", "bulk-smemstats", "ws", WS_GROUPS, WS_ALL, WS_GROUPS_REDG,
+@pytest.mark.parametrize("dq_reduce", ["atomic", "bulk", "bulk-smemstats", FLAT, "ws", WS_GROUPS, WS_ALL, WS_GROUPS_REDG,
                                        WS_NARROW_DQ, WS_FLAT, WS_FLAT_GROUPS])
 def test_zero_count_kv_blocks_and_empty_q_blocks(dq_reduce):
     (dq, dk, dv), lse = _vs_reference(dq_reduce=dq_reduce, excluded=(2, 5), empty_q=(1,), ragged=True)
@@ -155,7 +158,7 @@ def test_bad_input_is_refused_before_launch():
         A.sm90_block_sparse_bwd64(q.half(), k, v, o, do, lse, kidx, knum, vbs)
 
 
-@pytest.mark.parametrize("dq_reduce", ["atomic", "bulk", "bulk-smemstats", "ws", WS_GROUPS, WS_ALL, WS_GROUPS_REDG,
+@pytest.mark.parametrize("dq_reduce", ["atomic", "bulk", "bulk-smemstats", FLAT, "ws", WS_GROUPS, WS_ALL, WS_GROUPS_REDG,
                                        WS_NARROW_DQ, "ws:narrow_dq=1,p_stages=2", WS_FLAT])
 def test_65536_tokens_vs_triton_and_run_to_run(dq_reduce):
     """1,024 kv blocks (the work order's regime), 12.5 % density, 4 heads: against the Triton

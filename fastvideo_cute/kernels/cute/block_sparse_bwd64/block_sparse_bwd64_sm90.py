@@ -46,6 +46,7 @@ import cutlass.pipeline as pipeline
 import cutlass.utils.hopper_helpers as sm90_helpers
 from cutlass import Float32, Int32, const_expr
 from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
+from quack import copy_utils as quack_copy
 from quack import layout_utils
 
 from fastvideo_cute.jit import CuteKernel
@@ -67,8 +68,15 @@ LOG2E = math.log2(math.e)
 #: how dQ reaches dq_accum: "bulk" (the default: the 64 x 128 fp32 tile staged in the step's Q and
 #: dO slots, rows 0-31 and 32-63, once every MMA of the step has retired, and added by two
 #: cp.reduce.async.bulk of 16 KB; 1.6x "atomic" on the H200, benchmarks/results/bwd64_sm90_h200_v2.json)
-#: or "atomic" (red.global.add.f32 per element from registers)
-DQ_REDUCE = ("atomic", "bulk")
+#: or "atomic" (red.global.add.f32 per element from registers), or "flat" (the step rebuilt around
+#: what the warp-specialized kernel's measurements taught: dQ as one m64n128 wgmma issued with dK,
+#: staged in its register order by 16 conflict-free 128-bit stores a thread into the step's Q and
+#: dO slots and added by two 16 KB bulk reductions into a dq_accum tile of that order (the chain's
+#: ``postprocess_frag`` un-permutes it); dS by stmatrix; dV issued before dP^T is waited for; lse2
+#: and delta from shared memory; the next q block's load issued behind the step's dK/dQ; measured
+#: 1.00x cuDNN's blk64 backward at 32,768 tokens and 0.96x on the Wan-1.3B grid against "bulk"'s 0.6x,
+#: benchmarks/results/bwd64_sm90_h200_v22.json)
+DQ_REDUCE = ("atomic", "bulk", "flat")
 
 
 def smem_bytes() -> int:
@@ -90,9 +98,9 @@ class BlockSparseBwd64Sm90(CuteKernel):
         self.dtype = cutlass.BFloat16
         self.dq_reduce = dq_reduce
         #: the q block's lse2 and delta (2 x 256 B) by bulk copy into shared memory with its Q/dO
-        #: tiles, instead of 32 global loads per thread per step (compile-verified, not yet run on
-        #: a GPU: benchmarks/explore_bwd64_sm90.py --variants bulk-smemstats measures it)
-        self.stats_in_smem = bool(stats_in_smem)
+        #: tiles, instead of 32 global loads per thread per step (9 % faster on the H200,
+        #: bwd64_sm90_h200_v3.json; always on with dq_reduce="flat")
+        self.stats_in_smem = bool(stats_in_smem) or dq_reduce == "flat"
 
     def config(self):
         return {"dq_reduce": self.dq_reduce, "stats_in_smem": self.stats_in_smem}
@@ -119,7 +127,8 @@ class BlockSparseBwd64Sm90(CuteKernel):
         mma_s = sm90_helpers.make_trivial_tiled_mma(bf, bf, K_MAJ, K_MAJ, Float32, (1, 1, 1), tiler_mn=(BLOCK, BLOCK))
         mma_kv = sm90_helpers.make_trivial_tiled_mma(bf, bf, K_MAJ, MN_MAJ, Float32, (1, 1, 1),
                                                      tiler_mn=(BLOCK, HEAD_DIM), a_source=warpgroup.OperandSource.RMEM)
-        mma_dq = sm90_helpers.make_trivial_tiled_mma(bf, bf, K_MAJ, MN_MAJ, Float32, (1, 1, 1), tiler_mn=(BLOCK, HALF))
+        dq_cols = HEAD_DIM if const_expr(self.dq_reduce == "flat") else HALF
+        mma_dq = sm90_helpers.make_trivial_tiled_mma(bf, bf, K_MAJ, MN_MAJ, Float32, (1, 1, 1), tiler_mn=(BLOCK, dq_cols))
 
         stat_elems = 2 * BLOCK * Q_STAGES if const_expr(self.stats_in_smem) else 4
 
@@ -213,14 +222,19 @@ class BlockSparseBwd64Sm90(CuteKernel):
         tVrdOt = thr_kv.make_fragment_B(thr_kv.partition_B(sdOt))  # (..., stage)
         tKrQt = thr_kv.make_fragment_B(thr_kv.partition_B(sQt))
         tQrdS = thr_dq.make_fragment_A(thr_dq.partition_A(sdS))
-        tQrKt0 = thr_dq.make_fragment_B(thr_dq.partition_B(cute.local_tile(sKt, (HALF, BLOCK), (0, 0))))
-        tQrKt1 = thr_dq.make_fragment_B(thr_dq.partition_B(cute.local_tile(sKt, (HALF, BLOCK), (1, 0))))
+        flat = const_expr(self.dq_reduce == "flat")
+        if const_expr(flat):  # dQ as one 64 x 128 wgmma (B = K^T, MN-major)
+            tQrKt0 = tQrKt1 = thr_dq.make_fragment_B(thr_dq.partition_B(sKt))
+        else:
+            tQrKt0 = thr_dq.make_fragment_B(thr_dq.partition_B(cute.local_tile(sKt, (HALF, BLOCK), (0, 0))))
+            tQrKt1 = thr_dq.make_fragment_B(thr_dq.partition_B(cute.local_tile(sKt, (HALF, BLOCK), (1, 0))))
 
         acc_S = cute.make_rmem_tensor(thr_s.partition_shape_C((BLOCK, BLOCK)), Float32)
         acc_dP = cute.make_rmem_tensor(thr_s.partition_shape_C((BLOCK, BLOCK)), Float32)
         acc_dV = cute.make_rmem_tensor(thr_kv.partition_shape_C((BLOCK, HEAD_DIM)), Float32)
         acc_dK = cute.make_rmem_tensor(thr_kv.partition_shape_C((BLOCK, HEAD_DIM)), Float32)
-        acc_dQ = cute.make_rmem_tensor(thr_dq.partition_shape_C((BLOCK, HALF)), Float32)
+        acc_dQ = cute.make_rmem_tensor(thr_dq.partition_shape_C((BLOCK, HEAD_DIM if const_expr(flat) else HALF)),
+                                       Float32)
         acc_dV.fill(0.0)
         acc_dK.fill(0.0)
         acc_S_mn = layout_utils.reshape_acc_to_mn(acc_S)
@@ -250,80 +264,158 @@ class BlockSparseBwd64Sm90(CuteKernel):
             cute.arch.fence_proxy("async.shared", space="cta")
         cute.arch.barrier()
 
-        for t in cutlass.range(count, unroll=1):
-            s = t % Q_STAGES
-            qb = mIdx[item, t]
-            q_rb = bh * nb + qb
-            if const_expr(self.dq_reduce == "bulk"):
-                if tidx == 0 and t + 1 < count:  # step t-1's reduce has read the other slot
-                    cute.arch.cp_async_bulk_wait_group(0, read=True)
-                cute.arch.barrier()
-            if warp_idx == 0 and t + 1 < count:  # the next q block into the other slot (freed at t - 1)
-                self.load_q(tma_atom_Q, tQgQ, tQsQ, tma_atom_dO, tOgO, tOsO, bar_q, 2 * tile_bytes, (t + 1) % Q_STAGES,
-                            bh * nb + mIdx[item, t + 1], mLSE2, mDelta, stat_ptr)
-            row0 = q_rb * BLOCK
-            if const_expr(not self.stats_in_smem):
-                for c in cutlass.range_constexpr(num_cols):
-                    j = tScS_mn[0, c][1]
-                    lse2[c] = mLSE2[row0 + j]
-                    delta[c] = mDelta[row0 + j]
-            bar_q.wait(s, (t // Q_STAGES) % 2)
-            if const_expr(self.stats_in_smem):
-                for c in cutlass.range_constexpr(num_cols):
-                    j = tScS_mn[0, c][1]
-                    lse2[c] = sStat[s * (2 * BLOCK) + j]
-                    delta[c] = sStat[s * (2 * BLOCK) + BLOCK + j]
-            # S^T = K Q^T and dP^T = V dO^T in flight together
-            self.gemm(mma_s, acc_S, tSrK, tSrQ[None, None, None, s], zero_init=True)
-            self.gemm(mma_s, acc_dP, tPrV, tPrdO[None, None, None, s], zero_init=True)
-            warpgroup.wait_group(1)
-            probs_t(acc_S_mn, tScS_mn, lse2, scale_log2, size)
-            rP.store(tP_view.load().to(bf))
-            warpgroup.wait_group(0)
-            dscores_t(acc_S_mn, acc_dP_mn, tScS_mn, delta, size)
-            rdS.store(tdS_view.load().to(bf))
-            # dV += P^T dO, dK += dS^T Q (A from registers); dS^T to shared memory meanwhile
-            self.gemm(mma_kv, acc_dV, rP, tVrdOt[None, None, None, s], zero_init=False)
-            self.gemm(mma_kv, acc_dK, rdS, tKrQt[None, None, None, s], zero_init=False)
-            for i in cutlass.range_constexpr(cute.size(tSsdSt)):  # dS^T (C order) -> dS [q, kv]
-                tSsdSt[i] = bf(acc_dP[i])
-            cute.arch.fence_proxy("async.shared", space="cta")
-            cute.arch.barrier()
-            # dQ = dS K, two column halves, reduce-added into dq_accum
-            if const_expr(self.dq_reduce == "atomic"):
-                self.gemm(mma_dq, acc_dQ, tQrdS, tQrKt0, zero_init=True)
+        if const_expr(flat):
+            copy_dS, _, _ = quack_copy.get_smem_store_C(mma_s, sdSt, tidx, transpose=True, position_independent=True,
+                                                         major_mode_size=BLOCK)
+            self.steps_flat(tma_atom_Q, tQgQ, tQsQ, tma_atom_dO, tOgO, tOsO, bar_q, tile_bytes, mLSE2, mDelta,
+                            stat_ptr, sStat, mIdx, mdQaccum, storage, mma_s, mma_kv, mma_dq, tSrK, tSrQ, tPrV, tPrdO,
+                            tVrdOt, tKrQt, tQrdS, tQrKt0, acc_S, acc_dP, acc_dV, acc_dK, acc_dQ, acc_S_mn, acc_dP_mn,
+                            tScS_mn, tP_view, tdS_view, rP, rdS, lse2, delta, copy_dS, scale_log2, tidx, warp_idx,
+                            item, bh, nb, count, size)
+        else:
+            for t in cutlass.range(count, unroll=1):
+                s = t % Q_STAGES
+                qb = mIdx[item, t]
+                q_rb = bh * nb + qb
+                if const_expr(self.dq_reduce == "bulk"):
+                    if tidx == 0 and t + 1 < count:  # step t-1's reduce has read the other slot
+                        cute.arch.cp_async_bulk_wait_group(0, read=True)
+                    cute.arch.barrier()
+                if warp_idx == 0 and t + 1 < count:  # the next q block into the other slot (freed at t - 1)
+                    self.load_q(tma_atom_Q, tQgQ, tQsQ, tma_atom_dO, tOgO, tOsO, bar_q, 2 * tile_bytes, (t + 1) % Q_STAGES,
+                                bh * nb + mIdx[item, t + 1], mLSE2, mDelta, stat_ptr)
+                row0 = q_rb * BLOCK
+                if const_expr(not self.stats_in_smem):
+                    for c in cutlass.range_constexpr(num_cols):
+                        j = tScS_mn[0, c][1]
+                        lse2[c] = mLSE2[row0 + j]
+                        delta[c] = mDelta[row0 + j]
+                bar_q.wait(s, (t // Q_STAGES) % 2)
+                if const_expr(self.stats_in_smem):
+                    for c in cutlass.range_constexpr(num_cols):
+                        j = tScS_mn[0, c][1]
+                        lse2[c] = sStat[s * (2 * BLOCK) + j]
+                        delta[c] = sStat[s * (2 * BLOCK) + BLOCK + j]
+                # S^T = K Q^T and dP^T = V dO^T in flight together
+                self.gemm(mma_s, acc_S, tSrK, tSrQ[None, None, None, s], zero_init=True)
+                self.gemm(mma_s, acc_dP, tPrV, tPrdO[None, None, None, s], zero_init=True)
+                warpgroup.wait_group(1)
+                probs_t(acc_S_mn, tScS_mn, lse2, scale_log2, size)
+                rP.store(tP_view.load().to(bf))
                 warpgroup.wait_group(0)
-                self.reduce_dq(acc_dQ, thr_dq, mdQaccum, row0, 0)
-                self.gemm(mma_dq, acc_dQ, tQrdS, tQrKt1, zero_init=True)
-                warpgroup.wait_group(0)
-                self.reduce_dq(acc_dQ, thr_dq, mdQaccum, row0, HALF)
-                cute.arch.barrier()  # slot s, dS and K are read by no wgmma any more
-            else:
-                # every wgmma of the step retires before slot s takes the dQ tile; the slot's
-                # previous bulk reduce (step t - 2) was waited for before its TMA refill at t - 1
-                self.gemm(mma_dq, acc_dQ, tQrdS, tQrKt0, zero_init=True)
-                warpgroup.wait_group(0)
-                cute.arch.barrier()  # no thread's wgmma reads slot s any more
-                stage_q = self.stage_view(storage.sQ.data_ptr(), s)
-                stage_o = self.stage_view(storage.sdO.data_ptr(), s)
-                self.stage_dq(acc_dQ, thr_dq, stage_q, stage_o, 0)
-                self.gemm(mma_dq, acc_dQ, tQrdS, tQrKt1, zero_init=True)
-                warpgroup.wait_group(0)
-                self.stage_dq(acc_dQ, thr_dq, stage_q, stage_o, HALF)
+                dscores_t(acc_S_mn, acc_dP_mn, tScS_mn, delta, size)
+                rdS.store(tdS_view.load().to(bf))
+                # dV += P^T dO, dK += dS^T Q (A from registers); dS^T to shared memory meanwhile
+                self.gemm(mma_kv, acc_dV, rP, tVrdOt[None, None, None, s], zero_init=False)
+                self.gemm(mma_kv, acc_dK, rdS, tKrQt[None, None, None, s], zero_init=False)
+                for i in cutlass.range_constexpr(cute.size(tSsdSt)):  # dS^T (C order) -> dS [q, kv]
+                    tSsdSt[i] = bf(acc_dP[i])
                 cute.arch.fence_proxy("async.shared", space="cta")
-                cute.arch.barrier()  # the staged tile is complete; dS and K are read by no wgmma
-                if tidx == 0:
-                    g0 = cute.domain_offset((row0, 0), mdQaccum)
-                    g1 = cute.domain_offset((row0 + BLOCK // 2, 0), mdQaccum)
-                    bulk_reduce_add_f32(stage_q.iterator, g0.iterator, BLOCK // 2 * HEAD_DIM * 4)
-                    bulk_reduce_add_f32(stage_o.iterator, g1.iterator, BLOCK // 2 * HEAD_DIM * 4)
-                    cute.arch.cp_async_bulk_commit_group()
+                cute.arch.barrier()
+                # dQ = dS K, two column halves, reduce-added into dq_accum
+                if const_expr(self.dq_reduce == "atomic"):
+                    self.gemm(mma_dq, acc_dQ, tQrdS, tQrKt0, zero_init=True)
+                    warpgroup.wait_group(0)
+                    self.reduce_dq(acc_dQ, thr_dq, mdQaccum, row0, 0)
+                    self.gemm(mma_dq, acc_dQ, tQrdS, tQrKt1, zero_init=True)
+                    warpgroup.wait_group(0)
+                    self.reduce_dq(acc_dQ, thr_dq, mdQaccum, row0, HALF)
+                    cute.arch.barrier()  # slot s, dS and K are read by no wgmma any more
+                else:
+                    # every wgmma of the step retires before slot s takes the dQ tile; the slot's
+                    # previous bulk reduce (step t - 2) was waited for before its TMA refill at t - 1
+                    self.gemm(mma_dq, acc_dQ, tQrdS, tQrKt0, zero_init=True)
+                    warpgroup.wait_group(0)
+                    cute.arch.barrier()  # no thread's wgmma reads slot s any more
+                    stage_q = self.stage_view(storage.sQ.data_ptr(), s)
+                    stage_o = self.stage_view(storage.sdO.data_ptr(), s)
+                    self.stage_dq(acc_dQ, thr_dq, stage_q, stage_o, 0)
+                    self.gemm(mma_dq, acc_dQ, tQrdS, tQrKt1, zero_init=True)
+                    warpgroup.wait_group(0)
+                    self.stage_dq(acc_dQ, thr_dq, stage_q, stage_o, HALF)
+                    cute.arch.fence_proxy("async.shared", space="cta")
+                    cute.arch.barrier()  # the staged tile is complete; dS and K are read by no wgmma
+                    if tidx == 0:
+                        g0 = cute.domain_offset((row0, 0), mdQaccum)
+                        g1 = cute.domain_offset((row0 + BLOCK // 2, 0), mdQaccum)
+                        bulk_reduce_add_f32(stage_q.iterator, g0.iterator, BLOCK // 2 * HEAD_DIM * 4)
+                        bulk_reduce_add_f32(stage_o.iterator, g1.iterator, BLOCK // 2 * HEAD_DIM * 4)
+                        cute.arch.cp_async_bulk_commit_group()
 
         # ---- epilogue: dK (times sm_scale) and dV rows of the kv block; padded keys exactly 0
         self.store_dkv(acc_dK, acc_dV, thr_kv, mdK, mdV, kv_rb * BLOCK, size, sm_scale)
-        if const_expr(self.dq_reduce == "bulk"):
+        if const_expr(self.dq_reduce != "atomic"):
             if tidx == 0:  # the staged tiles must stay until the TMA unit has read them
                 cute.arch.cp_async_bulk_wait_group(0, read=True)
+
+    @cute.jit
+    def steps_flat(self, tma_atom_Q, tQgQ, tQsQ, tma_atom_dO, tOgO, tOsO, bar_q, tile_bytes: cutlass.Constexpr, mLSE2,
+                   mDelta, stat_ptr, sStat, mIdx, mdQaccum, storage, mma_s, mma_kv, mma_dq, tSrK, tSrQ, tPrV, tPrdO,
+                   tVrdOt, tKrQt, tQrdS, tQrKt, acc_S, acc_dP, acc_dV, acc_dK, acc_dQ, acc_S_mn, acc_dP_mn, tScS_mn,
+                   tP_view, tdS_view, rP, rdS, lse2, delta, copy_dS, scale_log2, tidx, warp_idx, item, bh, nb, count,
+                   size):
+        """``dq_reduce="flat"``: the item's steps. Per step (slot ``s``): S^T and dP^T issued together;
+        P^T once S^T retires and dV += P^T dO issued at once; dS^T once dP^T retires, written to dS by
+        stmatrix; dK += dS^T Q and dQ = dS K issued as one group; the next q block's Q/dO/stats load
+        behind them (into the other slot, once the reduce of the step before has read it); then dQ
+        staged in register order into slot ``s`` (its Q half, then its dO half) and added by two 16 KB
+        bulk reductions. Hazards: slot ``s`` takes dQ only after every wgmma of the step retired (CTA
+        barrier); dS is rewritten only after the step before's dQ retired (same barrier)."""
+        bf = self.dtype
+        num_cols = cute.size(acc_S_mn, mode=[1])
+        half = BLOCK * HEAD_DIM // 2  # floats of one staged half (16 KB)
+        for t in cutlass.range(count, unroll=1):
+            s = t % Q_STAGES
+            q_rb = bh * nb + mIdx[item, t]
+            bar_q.wait(s, (t // Q_STAGES) % 2)
+            self.gemm(mma_s, acc_S, tSrK, tSrQ[None, None, None, s], zero_init=True)
+            self.gemm(mma_s, acc_dP, tPrV, tPrdO[None, None, None, s], zero_init=True)
+            for c in cutlass.range_constexpr(num_cols):
+                j = tScS_mn[0, c][1]
+                lse2[c] = sStat[s * (2 * BLOCK) + j]
+                delta[c] = sStat[s * (2 * BLOCK) + BLOCK + j]
+            warpgroup.wait_group(1)  # S^T retired
+            probs_t(acc_S_mn, tScS_mn, lse2, scale_log2, size)
+            rP.store(tP_view.load().to(bf))
+            self.gemm(mma_kv, acc_dV, rP, tVrdOt[None, None, None, s], zero_init=False)
+            warpgroup.wait_group(1)  # dP^T retired (dV may still run)
+            dscores_t(acc_S_mn, acc_dP_mn, tScS_mn, delta, size)
+            rdS.store(tdS_view.load().to(bf))
+            copy_dS(rdS)
+            cute.arch.fence_proxy("async.shared", space="cta")
+            cute.arch.barrier()  # dS complete for the dQ wgmma
+            self.gemm(mma_dq, acc_dQ, tQrdS, tQrKt, zero_init=True)
+            self.gemm(mma_kv, acc_dK, rdS, tKrQt[None, None, None, s], zero_init=False)
+            if warp_idx == 0 and t + 1 < count:  # the other slot: the reduce of step t - 1 has read it
+                if tidx == 0:
+                    cute.arch.cp_async_bulk_wait_group(0, read=True)
+                cute.arch.sync_warp()
+                self.load_q(tma_atom_Q, tQgQ, tQsQ, tma_atom_dO, tOgO, tOsO, bar_q, 2 * tile_bytes,
+                            (t + 1) % Q_STAGES, bh * nb + mIdx[item, t + 1], mLSE2, mDelta, stat_ptr)
+            warpgroup.wait_group(0)
+            cute.arch.barrier()  # no wgmma reads slot s any more
+            q_half = cute.recast_ptr(storage.sQ.data_ptr(), dtype=Float32) + s * half
+            o_half = cute.recast_ptr(storage.sdO.data_ptr(), dtype=Float32) + s * half
+            self.stage_flat(acc_dQ, q_half, o_half, tidx)
+            cute.arch.fence_proxy("async.shared", space="cta")
+            cute.arch.barrier()  # the staged tile is complete
+            if tidx == 0:
+                dst = mdQaccum.iterator + q_rb * (BLOCK * HEAD_DIM)
+                bulk_reduce_add_f32(q_half, dst, half * 4)
+                bulk_reduce_add_f32(o_half, dst + half, half * 4)
+                cute.arch.cp_async_bulk_commit_group()
+
+    @cute.jit
+    def stage_flat(self, acc_dQ: cute.Tensor, q_half: cute.Pointer, o_half: cute.Pointer, tidx):
+        """This thread's 64 dQ accumulator registers in register order: registers ``4 i .. 4 i + 3`` at
+        floats ``512 i + 4 tidx`` of the 8192-float tile (``BlockSparseBwd64PostprocessFrag``'s order,
+        the warp-specialized kernel's ``flat_dq``), ``i < 8`` in Q's half and ``i >= 8`` in dO's; 128-bit
+        stores, a warp's covering 512 contiguous bytes (no bank conflict)."""
+        off = cute.assume(tidx * 4, divby=4)
+        src = cute.make_tensor(acc_dQ.iterator, cute.make_layout((4, 16), stride=(1, 4)))
+        dst = cute.make_layout((4, 8), stride=(1, 4 * THREADS))
+        cute.autovec_copy(cute.local_tile(src, (4, 8), (0, 0)), cute.make_tensor(q_half + off, dst))
+        cute.autovec_copy(cute.local_tile(src, (4, 8), (0, 1)), cute.make_tensor(o_half + off, dst))
 
     @cute.jit
     def load_q(self, tma_atom_Q, tQgQ, tQsQ, tma_atom_dO, tOgO, tOsO, bar_q, tx_bytes: cutlass.Constexpr, slot, rb,
