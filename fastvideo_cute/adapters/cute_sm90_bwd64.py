@@ -15,7 +15,9 @@ are).
 Routed: the ``sm90`` backend's backward runs ``main="ws"`` (``backends/sm90_backend._BWD_WS_CONFIG``);
 "single" is not routed. Measured beside cuDNN BSA's blk64 backward on the same inputs
 (``benchmarks/explore_bwd64_sm90.py``): "single" 0.61x at S=32768, 0.59x on the Wan-1.3B grid
-(``benchmarks/results/bwd64_sm90_h200_v8.json``); "ws" in the route's configuration (``flat_dq``)
+(``benchmarks/results/bwd64_sm90_h200_v8.json``), with ``dq_reduce="flat"`` 1.00-1.03x and
+0.95-1.01x (``bwd64_sm90_h200_v22.json`` ... ``_v24.json``; its dq_accum tiles are in register order,
+the chain's postprocess follows); "ws" in the route's configuration (``flat_dq``)
 1.063x at S=32768, 1.025x on the grid, 1.007x at S=65536 (``bwd64_sm90_h200_v17.json``), so route table
 v9 ranks it first for the 64-token partial-tile backward and second, after cuDNN's, for full tiles
 (``benchmarks/results/vsa_h200_table9_bwd64_*.json``). With ``flat_dq`` the chain's ``dq_accum``
@@ -88,7 +90,7 @@ def sm90_block_sparse_bwd64(q, k, v, out, dout, lse, k2q_idx, k2q_num, kv_block_
                             stats_in_smem: bool = False, main: str = "single", ws_config: Optional[dict] = None,
                             order_policy: str = "auto"):
     """The whole backward; returns ``(dq, dk, dv)``, bf16 ``[B, H, S, 128]`` (module docstring).
-    ``dq_reduce``: the main kernel's dQ path ("atomic" / "bulk"); ``stats_in_smem``: the kernel's
+    ``dq_reduce``: the main kernel's dQ path ("atomic" / "bulk" / "flat"); ``stats_in_smem``: the kernel's
     lse2/delta by bulk copy into shared memory; ``main``: which main kernel (:data:`MAINS`; "ws" is
     configured by ``ws_config`` instead: ``BlockSparseBwd64Sm90Ws``'s keyword arguments and
     ``group_blocks`` / ``group_min_blocks``, the q groups of ``cute_sm90_bwd64_ws.run_ws_chain``,

@@ -266,12 +266,14 @@ def _climbing_case(steps_log2, bshd, seed=0):
 
 
 @pytest.mark.parametrize("steps", [[0, 3, 6, 9, 12, 15, 18, 21], [0, 7.5, 15, 7, 30, 31, 29, 40],
-                                   [40, 30, 20, 10, 0, -10, -20, -30], [0, 0.5, 1, 20, 20.5, 9, 60, 61]],
-                         ids=["climb3", "jumps", "falling", "mixed"])
+                                   [40, 30, 20, 10, 0, -10, -20, -30], [0, 0.5, 1, 20, 20.5, 9, 60, 61],
+                                   [0, 200, 150, 400, 10, 420, 0, 0]],
+                         ids=["climb3", "jumps", "falling", "mixed", "overflow"])
 @pytest.mark.parametrize("bshd", [False, True], ids=["bhsd", "bshd"])
 def test_lazy_rescale_climbing_and_falling_max(steps, bshd, variant):
     """Maxima that climb below the 2^8 threshold (the reference max is kept and P exceeds 1), jump
-    past it (a rescale mid-list), or only fall (no rescale after the first tile), against the fp32
+    past it (a rescale mid-list; ``overflow``: by more than 2^128, where an exponent taken against
+    the old reference would be inf), or only fall (no rescale after the first tile), against the fp32
     reference; the output stays finite and within the plain cases' tolerance."""
     q, k, v, bm, sizes = _climbing_case(steps, bshd)
     out, lse = _run(q, k, v, bm, sizes, bshd, variant=variant)

@@ -64,9 +64,9 @@ def main_kernel():
 
 
 def sm90_main_kernel(dq_reduce: str = "bulk", stats_in_smem: bool = False):
-    """The wgmma main kernel object (sm_90a; imports the CuTe DSL); ``dq_reduce``: "atomic" or
-    "bulk" (``block_sparse_bwd64_sm90.DQ_REDUCE``); ``stats_in_smem``: lse2/delta by bulk copy
-    (compile-verified only)."""
+    """The wgmma main kernel object (sm_90a; imports the CuTe DSL); ``dq_reduce``: "atomic", "bulk"
+    or "flat" (``block_sparse_bwd64_sm90.DQ_REDUCE``); ``stats_in_smem``: lse2/delta by bulk copy
+    (always with "flat")."""
     from .block_sparse_bwd64_sm90 import BlockSparseBwd64Sm90
 
     return BlockSparseBwd64Sm90(dq_reduce, stats_in_smem)

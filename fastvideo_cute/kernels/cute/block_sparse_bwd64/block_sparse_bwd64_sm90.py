@@ -20,16 +20,21 @@ K and V (64 x 128) stay in shared memory and the item's k2q list is walked one q
                                           K^T MN-major view)
     dq_accum[q rows] += dQ               ``dq_reduce="atomic"``: red.global.add.f32 per element;
                                           ``"bulk"``: staged in the step's Q/dO slots, two 16 KB
-                                          cp.reduce.async.bulk (either way in no fixed order: dq
-                                          is not bitwise run-to-run; dk, dv are)
+                                          cp.reduce.async.bulk; ``"flat"``: dQ as one 64 x 128 wgmma,
+                                          staged in register order (``steps_flat``) and reduced the
+                                          same way into register-order tiles (in no fixed order
+                                          either way: dq is not bitwise run-to-run; dk, dv are)
 
 K's padded rows are zeroed in shared memory once (dQ = dS K would give 0 * NaN); dk/dv rows of
 padded keys are written as exact zeros; lse2 is +inf for rows without a key (the preprocess), so P
 is 0 there. Items with an empty list are skipped (the preprocess zeroed their dk/dv rows). dk
 carries sm_scale; dq gets it in the postprocess.
 
-Correctness-first: the MMAs of one step are serial (S and dP in flight together, then dV and dK,
-then dQ); latency hiding comes from the two CTAs per SM and the prefetched q block. Shapes and
+"atomic" and "bulk" are correctness-first: the MMAs of one step are serial (S and dP in flight
+together, then dV and dK, then dQ). "flat" overlaps them (dV behind P^T, dQ with dK, the next q
+block's load behind both) and is 1.6x faster (1.00-1.03x cuDNN's blk64 backward at 32,768 tokens, the
+warp-specialized kernel stays ahead: docs/hopper-64-token.md); latency hiding comes from the two CTAs
+per SM and the prefetched q block. Shapes and
 launch limits: ``limits.py``; tensors as in ``block_sparse_bwd64_sm100`` (2-D row views).
 """
 
