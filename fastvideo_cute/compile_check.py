@@ -30,7 +30,7 @@ import tempfile
 import time
 from typing import Dict, List, Optional, Tuple
 
-__all__ = ["main", "check_kernel", "build_report", "KernelReport", "sass_counts", "find_tool"]
+__all__ = ["main", "check_kernel", "build_report", "KernelReport", "sass_counts", "find_tool", "inflight_operand_writes"]
 
 _OPCODE_RE = re.compile(r"^\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_.]*)", re.M)
 _RES_RE = re.compile(r"REG:(\d+)\s+STACK:(\d+)\s+SHARED:(\d+)\s+LOCAL:(\d+)")
@@ -67,6 +67,45 @@ def sass_is_for_arch(sass: str, arch: str) -> bool:
     digits = arch[len("sm_"):].rstrip("af")
     flags = re.findall(r"EF_CUDA_[A-Z_0-9]+", sass)
     return f"EF_CUDA_SM{digits}" in flags and (not arch.endswith("a") or "EF_CUDA_ACCELERATORS" in flags)
+
+
+_RS_WGMMA = re.compile(r"HGMMA\.[\w.]+ R\d+, R(\d+), gdesc")
+_DEST = re.compile(r"^\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)\s+R(\d+)[,\s]")
+_NO_REGISTER_DEST = ("ST", "RED", "HGMMA", "ISETP", "FSETP", "BRA", "VOTE")
+
+
+def inflight_operand_writes(sass: str) -> List[str]:
+    """sm_90a SASS lines that write a register of an RS wgmma's A operand while that wgmma may still
+    run: after each partial wait (``WARPGROUP.DEPBAR.LE gsb0, n``, n > 0), the A registers of the
+    register-operand HGMMAs issued since the wait before, and every write to them up to the next
+    wait. PTX leaves those registers to the program until the wgmma's wait and ptxas does not keep
+    other values off them (a forward build that computed the next P into fresh registers while
+    P V ran had them placed there, and its output changed from run to run), so a kernel that
+    computes beside an RS wgmma in flight must not be compiled into such writes. The A operand of a
+    wgmma is four consecutive registers; a destination's width is read from ``.64`` / ``.128`` /
+    ``.WIDE``."""
+    lines = sass.splitlines()
+    hits: List[str] = []
+    for i, line in enumerate(lines):
+        if not re.search(r"WARPGROUP\.DEPBAR\.LE gsb0, 0x[1-9]", line):
+            continue
+        operand = set()
+        for back in range(i - 1, -1, -1):
+            if "WARPGROUP.DEPBAR" in lines[back]:
+                break
+            m = _RS_WGMMA.search(lines[back])
+            if m:
+                operand.update(range(int(m.group(1)), int(m.group(1)) + 4))
+        for later in lines[i + 1:]:
+            if "WARPGROUP.DEPBAR" in later or "EXIT" in later:
+                break
+            m = _DEST.match(later)
+            if m and operand and not m.group(1).startswith(_NO_REGISTER_DEST):
+                op = m.group(1)
+                width = 4 if ".128" in op else 2 if (".64" in op or ".WIDE" in op) else 1
+                if operand & set(range(int(m.group(2)), int(m.group(2)) + width)):
+                    hits.append(later.strip())
+    return hits
 
 
 def _count_prefix(counts: Dict[str, int], prefix: str) -> int:

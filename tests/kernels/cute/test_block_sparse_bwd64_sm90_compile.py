@@ -13,7 +13,7 @@ import re
 
 import pytest
 
-from fastvideo_cute.compile_check import build_report, sass_is_for_arch
+from fastvideo_cute.compile_check import build_report, inflight_operand_writes, sass_is_for_arch
 from fastvideo_cute.kernels.cute import find
 
 pytest.importorskip("cutlass")
@@ -100,3 +100,6 @@ def test_flat_variant_stages_dq_in_register_order():
     assert report.count("UBLKRED") == 2 and report.count("REDG") == 0
     assert report.count("STSM") == 4 and report.count("STS.128") >= 16
     assert report.sass.count("WARPGROUP.DEPBAR") <= 4, report.line
+    # dS^T is computed while dV += P^T dO (P^T from registers) may still run: nothing may land on
+    # P^T's registers before that wgmma's wait
+    assert inflight_operand_writes(report.sass) == [], report.line

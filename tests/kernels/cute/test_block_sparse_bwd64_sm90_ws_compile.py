@@ -143,3 +143,9 @@ def test_flat_dq_build_stages_dq_conflict_free_and_adds_it_by_one_bulk_reduction
     assert len(stores) == 16 and len(set(stores)) == 1, stores
     assert report.count("WARPGROUP.DEPBAR") <= 12, report.line
     assert make().config()["flat_dq"] is True
+    # WG2 stages dQ while dK += dS^T Q (dS^T from registers) may still run: nothing written on dS^T's
+    # registers before that wgmma's wait (the route's build; compile_check.inflight_operand_writes)
+    assert report.sass.count("WARPGROUP.DEPBAR.LE gsb0, 0x1") >= 1
+    from fastvideo_cute.compile_check import inflight_operand_writes
+
+    assert inflight_operand_writes(report.sass) == [], report.line

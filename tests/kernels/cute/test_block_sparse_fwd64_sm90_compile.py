@@ -12,7 +12,7 @@ import re
 import pytest
 import torch
 
-from fastvideo_cute.compile_check import build_report, sass_is_for_arch
+from fastvideo_cute.compile_check import build_report, inflight_operand_writes, sass_is_for_arch
 from fastvideo_cute.kernels.cute import find
 
 pytest.importorskip("cutlass")
@@ -195,39 +195,6 @@ def _serialised_wgmma(sass: str) -> int:
     return sass.count("WARPGROUP.DEPBAR")
 
 
-def _pv_operand_writes(sass: str) -> list:
-    """Instructions that write a register of the in-flight P V wgmma's A operand (P, in registers)
-    between the loop's ``WARPGROUP.DEPBAR.LE gsb0, 0x1`` (S[j] retired, P V[j-1] may still read its
-    registers) and the next ``DEPBAR.LE gsb0, 0x0``. PTX leaves those registers to the program until
-    the wait, and ptxas does not guard them: a build that computed the next P into fresh registers
-    while P V[j-1] ran (an ``exp_first`` softmax, 2026-12-04) had ptxas place them on the operand's
-    registers, and its output differed from run to run. The kernel writes P only after the wait."""
-    lines = sass.splitlines()
-    rs = re.compile(r"HGMMA\.[\w.]+ R\d+, R(\d+), gdesc")
-    dst = re.compile(r"^\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)\s+R(\d+)[,\s]")
-    hits = []
-    for i, line in enumerate(lines):
-        if "WARPGROUP.DEPBAR.LE gsb0, 0x1" not in line:
-            continue
-        operand = set()  # the A registers of the register-operand HGMMAs issued since the wait before
-        for back in range(i - 1, -1, -1):
-            if "WARPGROUP.DEPBAR" in lines[back]:
-                break
-            m = rs.search(lines[back])
-            if m:
-                operand.update(range(int(m.group(1)), int(m.group(1)) + 4))
-        assert operand, "no register-operand wgmma before the wait"
-        for line2 in lines[i + 1:]:
-            if "WARPGROUP.DEPBAR.LE gsb0, 0x0" in line2:
-                break
-            m = dst.match(line2)
-            if m and not m.group(1).startswith(("ST", "RED", "HGMMA", "ISETP", "FSETP", "BRA", "VOTE")):
-                width = 4 if ".128" in m.group(1) else 2 if ".64" in m.group(1) or ".WIDE" in m.group(1) else 1
-                if operand & set(range(int(m.group(2)), int(m.group(2)) + width)):
-                    hits.append(line2.strip())
-    return hits
-
-
 @pytest.mark.parametrize("config", [{}, {"lazy_rescale": False}, {"q_regs": 64},
                                     {"q_regs": 112}, {"q_regs": 112, "fuse_gate": True},
                                     {"q_regs": 128, "ctas_per_sm": 2}, {"head_dim": 64, "q_regs": 64},
@@ -254,7 +221,9 @@ def test_register_and_pipeline_variants_keep_wgmma_pipelined(config):
     assert report.regs <= (255 if config.get("ctas_per_sm") == 2 else 168), report.line
     assert _serialised_wgmma(report.sass) <= 6, report.line
     assert report.sass.count("WARPGROUP.DEPBAR.LE gsb0, 0x1") >= 1, report.line
-    assert _pv_operand_writes(report.sass) == [], report.line
+    # P V[j-1] reads P from registers while the softmax runs: nothing may be written there before
+    # the wait (compile_check.inflight_operand_writes; a racy build, 2026-12-04, had 114 such writes)
+    assert inflight_operand_writes(report.sass) == [], report.line
     q_regs = config.get("q_regs", 0)
     assert report.count("LDSM") == q_regs // 16, report.line
     # S's k-steps with A from registers (P V's have a transposed B: ``gdesc[..].tnspB``)
