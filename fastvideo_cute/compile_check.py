@@ -32,7 +32,8 @@ from typing import Dict, List, Optional, Tuple
 
 __all__ = ["main", "check_kernel", "build_report", "KernelReport", "sass_counts", "find_tool", "inflight_operand_writes"]
 
-_OPCODE_RE = re.compile(r"^\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_.]*)", re.M)
+_PREFIX = r"^\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P[T0-9]+\s+)?"  # a SASS line's address and predicate
+_OPCODE_RE = re.compile(_PREFIX + r"([A-Z][A-Z0-9_.]*)", re.M)
 _RES_RE = re.compile(r"REG:(\d+)\s+STACK:(\d+)\s+SHARED:(\d+)\s+LOCAL:(\d+)")
 
 
@@ -70,7 +71,7 @@ def sass_is_for_arch(sass: str, arch: str) -> bool:
 
 
 _RS_WGMMA = re.compile(r"HGMMA\.[\w.]+ R\d+, R(\d+), gdesc")
-_DEST = re.compile(r"^\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)\s+R(\d+)[,\s]")
+_DEST = re.compile(_PREFIX + r"([A-Z][A-Z0-9_.]*)\s+R(\d+)[,\s]")
 _NO_REGISTER_DEST = ("ST", "RED", "HGMMA", "ISETP", "FSETP", "BRA", "VOTE")
 
 
@@ -96,11 +97,13 @@ def inflight_operand_writes(sass: str) -> List[str]:
             m = _RS_WGMMA.search(lines[back])
             if m:
                 operand.update(range(int(m.group(1)), int(m.group(1)) + 4))
+        if not operand:
+            continue
         for later in lines[i + 1:]:
             if "WARPGROUP.DEPBAR" in later or "EXIT" in later:
                 break
             m = _DEST.match(later)
-            if m and operand and not m.group(1).startswith(_NO_REGISTER_DEST):
+            if m and not m.group(1).startswith(_NO_REGISTER_DEST):
                 op = m.group(1)
                 width = 4 if ".128" in op else 2 if (".64" in op or ".WIDE" in op) else 1
                 if operand & set(range(int(m.group(2)), int(m.group(2)) + width)):
