@@ -33,7 +33,7 @@ from ..jit import compile_kernel
 from .kernel_layout import permutations
 
 __all__ = ["sm90_fwd64_problems", "sm90_fwd64", "tma_problem", "split_lists_by_kv_range", "auto_kv_splits",
-           "HEAD_DIMS", "DTYPES"]
+           "pack_steps", "HEAD_DIMS", "DTYPES"]
 
 CAPABILITY = (9, 0)
 BLOCK = 64
@@ -121,7 +121,8 @@ def sm90_fwd64(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q2k_idx: torch
 
     ``variant``: the kernel's configuration (``k_stages``, ``v_stages``, ``ctas_per_sm``,
     ``stmatrix_epilogue``, ``q_regs``, ``lazy_rescale``, ``lazy_vote`` of ``BlockSparseFwd64Sm90``), for the
-    benchmarks' sweeps and the GPU tests; None is the kernel's default.
+    benchmarks' sweeps and the GPU tests; None is the kernel's default. With ``packed_steps`` the
+    lists (each kv range's) are packed by :func:`pack_steps` first (one Triton launch per range).
 
     ``out``: where the output goes (q's shape, dtype and layout, any strides that pass
     :func:`tma_problem`, e.g. a head slice of a bigger tensor); None allocates it.
@@ -163,6 +164,8 @@ def sm90_fwd64(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q2k_idx: torch
     qk = (q.permute(qko), k.permute(qko), v.permute(vp))
     kvb = -(-(k.shape[1] if bshd else k.shape[2]) // BLOCK)
     parts = split_lists_by_kv_range(q2k_idx, q2k_num, kvb, kv_splits)
+    packed = bool(variant.get("packed_steps"))
+    kv_len = k.shape[1] if bshd else k.shape[2]
     running = out_s if out_s is not None else out  # where the earlier ranges' output waits
     for i, (idx, num) in enumerate(parts):
         last, first = i == len(parts) - 1, i == 0
@@ -172,13 +175,36 @@ def sm90_fwd64(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q2k_idx: torch
         if not first:
             var["merge_prev"] = True
         gated = last and gate is not None
-        fn = _kernel_fn(q.dtype, d, block_sizes is not None, gated, tuple(sorted(var.items())))
+        sizes = block_sizes
+        if packed:  # the tiles' sizes go into the step words; the kernel reads no sizes
+            idx, num = pack_steps(idx, num, block_sizes, kv_len)
+            sizes = None
+        fn = _kernel_fn(q.dtype, d, sizes is not None, gated, tuple(sorted(var.items())))
         dst = out if last else running
-        fn(*qk, dst.permute(qko), lse.permute(2, 1, 0), idx.permute(3, 2, 1, 0), num.permute(2, 1, 0), block_sizes,
+        fn(*qk, dst.permute(qko), lse.permute(2, 1, 0), idx.permute(3, 2, 1, 0), num.permute(2, 1, 0), sizes,
            gate.permute(qko) if gated else None, out_c.permute(3, 2, 1, 0) if gated else None,
            out_s.permute(qko) if last and out_s is not None else None,
            None if first else running.permute(qko), scale)
     return out, lse
+
+
+def pack_steps(q2k_idx: torch.Tensor, q2k_num: torch.Tensor, block_sizes: Optional[torch.Tensor],
+               kv_len: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The q2k lists (int32 ``[B, H, Qb, W]``, counts ``[B, H, Qb]``) as the kernel's packed step lists
+    (``packed_steps``): int32 ``[B, H, Qb, 4 W]`` (four words a step) and step counts ``[B, H, Qb]``, by
+    one Triton launch (``kernels/triton/packed_steps``: its module docstring has the word format).
+    Every whole tile stays one step; the 16-key pieces of the partial tiles (``block_sizes``, and the
+    tile cut by ``kv_len``) go four to a step, so a row's partial tiles cost the steps their keys fill."""
+    from ..kernels.triton.packed_steps import packed_steps
+
+    idx = q2k_idx.to(torch.int32).contiguous()
+    num = q2k_num.to(torch.int32).contiguous()
+    w = idx.shape[-1]
+    steps = torch.empty(tuple(idx.shape[:-1]) + (4 * w,), dtype=torch.int32, device=idx.device)
+    nsteps = torch.empty(tuple(num.shape), dtype=torch.int32, device=idx.device)
+    sizes = None if block_sizes is None else block_sizes.to(torch.int32).contiguous()
+    packed_steps(idx.view(-1, w), num.view(-1), sizes, int(kv_len), steps.view(-1, 4 * w), nsteps.view(-1))
+    return steps, nsteps
 
 
 #: the kv-range lists by one Triton launch on CUDA instead of ~11 torch launches (~270 us a call at

@@ -88,9 +88,13 @@ def test_bad_configuration_is_refused():
         "dtype": "float16", "head_dim": 64, "has_block_sizes": False, "fuse_gate": False, "k_stages": 1,
         "v_stages": 2, "ctas_per_sm": 3, "stmatrix_epilogue": False, "q_regs": 0, "lazy_rescale": True,
         "lazy_vote": True, "partial_loads": False, "store_out_s": False, "merge_prev": False,
-        "narrow_tiles": True}
+        "narrow_tiles": True, "packed_steps": False}
     with pytest.raises(ValueError, match="partial_loads"):
         cls("bfloat16", 128, k_stages=2, ctas_per_sm=2, partial_loads=True)
+    with pytest.raises(ValueError, match="packed_steps"):
+        cls("bfloat16", 128, packed_steps=True, partial_loads=True)
+    with pytest.raises(ValueError, match="packed_steps"):
+        cls("bfloat16", 128, k_stages=2, ctas_per_sm=2, packed_steps=True)
     with pytest.raises(ValueError, match="store_out_s"):
         cls("bfloat16", 128, store_out_s=True)
     assert cls("bfloat16", 128, fuse_gate=True, store_out_s=True).config()["store_out_s"] is True
@@ -205,10 +209,14 @@ def _serialised_wgmma(sass: str) -> int:
                                     {"merge_prev": True, "fuse_gate": True},
                                     {"merge_prev": True, "fuse_gate": True, "store_out_s": True},
                                     {"narrow_tiles": False}, {"narrow_tiles": False, "head_dim": 64},
-                                    {"narrow_tiles": False, "fuse_gate": True, "store_out_s": True}],
+                                    {"narrow_tiles": False, "fuse_gate": True, "store_out_s": True},
+                                    {"packed_steps": True}, {"packed_steps": True, "head_dim": 64},
+                                    {"packed_steps": True, "merge_prev": True, "fuse_gate": True,
+                                     "store_out_s": True}],
                          ids=["default", "eager", "q64", "q112", "q112-gate", "q128-c2", "d64-q64", "novote",
                               "gate", "partial", "partial-gate", "partial-d64", "gate-train", "merge", "merge-gate",
-                              "merge-gate-train", "wide", "wide-d64", "wide-gate-train"])
+                              "merge-gate-train", "wide", "wide-d64", "wide-gate-train", "packed", "packed-d64",
+                              "packed-merge-gate-train"])
 def test_register_and_pipeline_variants_keep_wgmma_pipelined(config):
     """The rescale and Q-in-registers options build with no spill and with their wgmmas pipelined:
     a conditional rescale of O beside a wgmma in flight, or a spilled Q fragment, made ptxas
@@ -230,9 +238,9 @@ def test_register_and_pipeline_variants_keep_wgmma_pipelined(config):
     rs_s = re.findall(r"HGMMA\.64x64x16\.F32\.\w+ R\d+, R\d+, gdesc\[\w+\],", report.sass)
     assert len(rs_s) == (2 * q_regs // 16), report.line  # S's RS k-steps, at two issue sites
     # lazy_vote: one warp-wide vote on the kept maxima per softmax (two sites: the first step, the loop)
-    if config.get("partial_loads"):  # a partial tile's 16-key pieces: issue sites of their own
-        # (measured 52 UTMALDG at head_dim 128 against the default's 12)
-        assert report.count("UTMALDG") > 24, report.line
+    if config.get("partial_loads") or config.get("packed_steps"):  # 16-key pieces: issue sites of their own
+        # (measured 52 UTMALDG at head_dim 128 against the default's 12; packed_steps: 52 too)
+        assert report.count("UTMALDG") > (24 if config.get("head_dim", 128) == 128 else 18), report.line
     vote = config.get("lazy_vote", config.get("lazy_rescale", True))  # the default: with the lazy rescale
     # (narrow_tiles, the default: three softmax branches, full / half / quarter of the columns, at each site)
     assert report.count("VOTE.ALL") == ((6 if config.get("narrow_tiles", True) else 2) if vote else 0), report.line

@@ -21,7 +21,11 @@ whose lanes all keep their reference maxima skips the row-max shuffles and the r
 partial kv tile's K and V loaded as 16-key pieces, only those holding a valid key; its first build
 was exact on the H200 on 2026-12-02, this one is re-written on the current kernel), and the build
 without ``narrow_tiles`` (``wide``; the default since 2026-12-03's sixth session runs the softmax
-of a tile of at most 16 / 32 keys on the quarter / half of a thread's columns that hold them). ``test_every_list_length`` walks lists of 0-8 entries with
+of a tile of at most 16 / 32 keys on the quarter / half of a thread's columns that hold them). And
+``packed_steps`` (``packed``; written 2026-12-04 without a GPU: its first H200 run decides): the
+lists packed by ``pack_steps`` so that every whole tile is a step and the 16-key pieces of the
+partial tiles go four to a step from any tiles (ragged pieces: K masked per piece, V's padding rows
+zeroed per piece); the random-sizes case packs pieces of every size. ``test_every_list_length`` walks lists of 0-8 entries with
 and without the gate, so every ring phase of the K/V slots and of the gate's slot is reached. ``test_lazy_rescale_*`` build score sequences whose max climbs in steps below and
 above the threshold, and one that only falls, so that both branches of the rescale run.
 
@@ -47,7 +51,7 @@ OUT_TOL = {torch.bfloat16: 1.6e-2, torch.float16: 2e-3}
 
 VARIANTS = {"default": None, "q112": {"q_regs": 112}, "eager": {"lazy_rescale": False},
             "novote": {"lazy_vote": False}, "partial": {"partial_loads": True},
-            "wide": {"narrow_tiles": False}}
+            "wide": {"narrow_tiles": False}, "packed": {"packed_steps": True}}
 
 
 @pytest.fixture(params=list(VARIANTS), ids=list(VARIANTS))

@@ -59,13 +59,15 @@ def _bhsd(x, bshd):
     return x.transpose(1, 2) if bshd else x
 
 
+@pytest.mark.parametrize("packed", [False, True], ids=["lists", "packed"])
 @pytest.mark.parametrize("splits", [2, 3])
 @pytest.mark.parametrize("mode", ["plain", "gate", "train"])
 @pytest.mark.parametrize("bshd", [False, True], ids=["bhsd", "bshd"])
-def test_split_forward_matches_reference_and_the_unsplit_call(bshd, mode, splits):
+def test_split_forward_matches_reference_and_the_unsplit_call(bshd, mode, splits, packed):
+    """(``packed``: the kernel's ``packed_steps``, each range's lists packed on their own.)"""
     q, k, v, bm, sizes, idx, num = _case(bshd, seed=splits)
     ro, rl = reference.block_sparse_attn_reference(*(_bhsd(t, bshd).float() for t in (q, k, v)), bm, sizes, 64)
-    kw = {}
+    kw = {"variant": {"packed_steps": True}} if packed else {}
     if mode != "plain":
         g = torch.Generator(device="cuda").manual_seed(7)
         kw["gate"] = torch.rand(q.shape, device="cuda", dtype=q.dtype, generator=g)

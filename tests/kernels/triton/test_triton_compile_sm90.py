@@ -22,6 +22,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from fastvideo_cute.kernels.triton import kv_range_lists as KR  # noqa: E402
+from fastvideo_cute.kernels.triton import packed_steps as PS  # noqa: E402
 from fastvideo_cute.kernels.triton import q_group_lists as QG  # noqa: E402
 from fastvideo_cute.kernels.triton import vsa_coarse_bwd as CB  # noqa: E402
 from fastvideo_cute.kernels.triton import vsa_coarse_fwd2 as CF2  # noqa: E402
@@ -39,7 +40,8 @@ _INTS = {"Qb", "KVb", "D", "NQT", "K", "R", "H", "NT", "W", "KVB", "GROUP", "GRO
 def _signature(kernel, constexprs):
     sig = {}
     bf16 = kernel in (C._vsa_compress_fwd_kernel, G._vsa_gate_fwd_kernel)
-    ints_only = kernel in (KR._kv_range_lists_kernel, QG._q_group_lists_kernel)  # every pointer int32
+    ints_only = kernel in (KR._kv_range_lists_kernel, QG._q_group_lists_kernel,  # every pointer int32
+                           PS._packed_steps_kernel)
     for name, param in inspect.signature(kernel.fn).parameters.items():
         if "constexpr" in str(param.annotation):
             sig[name] = "constexpr"
@@ -120,6 +122,8 @@ def _cases():
         yield f"kv-ranges-s{splits}", KR._kv_range_lists_kernel, dict(SPLITS=splits, ROWS=4, BLOCK_W=256), 4
     # the Hopper backward's q-group split (two groups of 512 at 65,536 tokens: 2 group lanes)
     yield "q-groups", QG._q_group_lists_kernel, dict(CHUNK=128, G=2), 4
+    # the sm90 forward's packed step lists (Wan-14B: 180 entries per row -> 256 lanes), with tile sizes
+    yield "packed-steps", PS._packed_steps_kernel, dict(HAS_SIZES=True, ROWS=4, BLOCK_W=256), 4
 
 
 # d=128 with tf32x3 is what runs on the H200; the rest is breadth, kept to one precision per size
@@ -129,7 +133,7 @@ _PICK = {"bwd-a-d128-tf32x3", "bwd-b-d128-tf32x3", "bwd-fused-d128-tf32x3", "fwd
          "topk-bisectw1-624", "topk-bisectw1-1800", "topk-bisectw2-1800", "topk-radixw1x-624", "topk-radixw4-1800",
          "fwd2-p1-d128-tf32x3", "fwd2-p2-d128-tf32x3", "fwd2-p1-d256-ieee",
          "combine-s2", "compress-fused", "compress-split", "compress-preload", "compress-split-write", "gate-nb1", "gate-nb4",
-         "kv-ranges-s2", "kv-ranges-s3", "q-groups"}
+         "kv-ranges-s2", "kv-ranges-s3", "q-groups", "packed-steps"}
 CASES = [c for c in _cases() if c[0] in _PICK]
 # num_stages of the cases launched with one (the rest: Triton's default)
 _STAGES = {f"fwd2-{p}-d{d}-{prec}": cfg[4] for d in (128, 256) for p, cfg in zip(("p1", "p2"), CF2.coarse_fwd2_tiles(d))

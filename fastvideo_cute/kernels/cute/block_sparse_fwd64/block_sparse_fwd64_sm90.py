@@ -66,7 +66,17 @@ specialisation; the latency is hidden by three CTAs per SM, ``min_blocks_per_mp=
     chain; re-written for Wan-14B 720p, where one head's K/V (46 MB, 18 % of it padding rows)
     outgrow the L2, it is exact on the H200 and no faster there either (40.59 vs 40.63 ms end to
     end, ``benchmarks/results/ab_vsa_glue_h200_partial_14b.json``), so it stays off;
-  - ``merge_prev`` (a configuration; the kv-split forward of the ``sm90`` adapter): this launch's
+  - ``packed_steps`` (a configuration, off; written 2026-12-04 without a GPU, compile-checked only):
+    the list is a *step* list (``idx`` ``(4 W, Qb, H, B)``: four int32 words a step, ``num`` the step
+    count; the host's ``kernels/triton/packed_steps`` writes it from the q2k lists and the sizes,
+    which the kernel then does not read). A step is a whole tile (one 64-key load, as the default),
+    or up to four 16-key pieces of any tiles, each loaded by TMA into its place in the K / V slot
+    (the partial tiles of a video grid's edges, 16 or 32 keys on Wan's 4x4x4 tiles, then share a
+    step instead of taking one each). A ragged piece (fewer than 16 valid keys) is masked per piece
+    (``common/softmax.mask_keys_pieces_mn``) and its V padding rows are zeroed as above; the pieces
+    past the used ones are masked (K: stale rows) and their P V steps not issued (V). The sum runs
+    in another order than the unpacked list's, so the output differs from it by rounding only;
+ the kv-split forward of the ``sm90`` adapter): this launch's
     lists cover one kv range, and an earlier launch over the ranges before it left its normalised
     output in ``prev_o`` and its LSE in ``lse``; the epilogue merges the two by their LSEs before
     the gate (``out = (w_prev * prev_o + w * out) / (w_prev + w)``, ``w = exp(lse - max)``, the
@@ -107,7 +117,7 @@ from quack import layout_utils
 
 from fastvideo_cute.jit import CuteKernel, fake_stream
 
-from ..common.softmax import finalize_row, mask_keys_mn, merge_weights, online_softmax_rows
+from ..common.softmax import finalize_row, mask_keys_mn, mask_keys_pieces_mn, merge_weights, online_softmax_rows
 from ..common.wgmma import wgmma_gemm
 
 __all__ = ["BlockSparseFwd64Sm90", "BLOCK", "HEAD_DIMS", "DTYPE_NAMES", "BASE_ALIGN", "SMEM_PER_SM", "smem_bytes"]
@@ -118,6 +128,15 @@ DTYPE_NAMES = ("float16", "bfloat16")
 BASE_ALIGN = 128
 THREADS = 128
 PV_STEP = 16  # keys per wgmma k-step of P V
+# (``packed_steps``) a step of the packed list: four int32 words, one per 16-key piece of the K / V
+# slot: bits 0-4 the piece's valid keys (0: unused), bit 5 ``STEP_WHOLE`` (word 0 of a step that is
+# one whole tile), bits 6.. the piece's index in the sequence (key row / 16); the host's
+# ``kernels/triton/packed_steps`` writes them
+STEP_WORDS = 4
+V_ZERO_VEC = 8  # elements of one V row a 16-byte zeroing store covers
+STEP_WHOLE = 32
+STEP_KEYS_MASK = 31
+STEP_PIECE_SHIFT = 6
 # (``lazy_rescale``) a row's reference max moves only when the row's max passes it by more than
 # this, in log2 units: P <= 2^8 (exact in bf16/fp16 to the same relative precision as P <= 1)
 RESCALE_THRESHOLD = 8.0
@@ -153,7 +172,7 @@ class BlockSparseFwd64Sm90(CuteKernel):
                  fuse_gate: bool = False, k_stages: int = 1, v_stages: int = 2, ctas_per_sm: int = 3,
                  stmatrix_epilogue: bool = False, q_regs: int = 0, lazy_rescale: bool = True,
                  lazy_vote: Optional[bool] = None, partial_loads: bool = False, store_out_s: bool = False,
-                 merge_prev: bool = False, narrow_tiles: bool = True):
+                 merge_prev: bool = False, narrow_tiles: bool = True, packed_steps: bool = False):
         if dtype not in DTYPE_NAMES:
             raise ValueError(f"dtype must be one of {DTYPE_NAMES}, got {dtype!r}")
         if head_dim not in HEAD_DIMS:
@@ -189,6 +208,10 @@ class BlockSparseFwd64Sm90(CuteKernel):
             raise ValueError(f"partial_loads needs the default rings (k_stages=1, v_stages=2), got "
                              f"k_stages={k_stages}, v_stages={v_stages}")
         self.partial_loads = bool(partial_loads)
+        if packed_steps and (partial_loads or (k_stages, v_stages) != (1, 2)):
+            raise ValueError(f"packed_steps needs the default rings (k_stages=1, v_stages=2) and no partial_loads, got "
+                             f"k_stages={k_stages}, v_stages={v_stages}, partial_loads={partial_loads}")
+        self.packed_steps = bool(packed_steps)
         if store_out_s and not fuse_gate:
             raise ValueError("store_out_s (out_s beside out_s + gate * out_c) needs fuse_gate; without the gate "
                              "the kernel's out is out_s")
@@ -202,7 +225,7 @@ class BlockSparseFwd64Sm90(CuteKernel):
                 "ctas_per_sm": self.ctas_per_sm, "stmatrix_epilogue": self.stmatrix_epilogue,
                 "q_regs": self.q_regs, "lazy_rescale": self.lazy_rescale, "lazy_vote": self.lazy_vote,
                 "partial_loads": self.partial_loads, "store_out_s": self.store_out_s,
-                "merge_prev": self.merge_prev, "narrow_tiles": self.narrow_tiles}
+                "merge_prev": self.merge_prev, "narrow_tiles": self.narrow_tiles, "packed_steps": self.packed_steps}
 
     def fake_args(self) -> tuple:
         dt = _CUTE_DTYPES[self.dtype_name]
@@ -265,7 +288,7 @@ class BlockSparseFwd64Sm90(CuteKernel):
                                                               sK_one, (BLOCK, d))
         else:
             tma_atom_Os, tma_Os = tma_atom_O, tma_O  # placeholders, never used
-        if const_expr(self.partial_loads):  # 16-key pieces (x 64 columns) of K and V, for partial tiles
+        if const_expr(self.partial_loads or self.packed_steps):  # 16-key pieces (x 64 columns) of K and V
             hd = min(d, 64)
             sK_piece = cute.tile_to_shape(k_atom, (PV_STEP, hd), order=(0, 1))
             sV_piece = cute.tile_to_shape(mn_atom, (hd, PV_STEP), order=(1, 0))
@@ -317,25 +340,28 @@ class BlockSparseFwd64Sm90(CuteKernel):
         return cutlass.max(keys, Int32(0))
 
     @cute.jit
+    def v_row_stores(self, sV: cute.Tensor, slot: Int32, tidx: Int32):
+        """What a thread needs to zero V rows of ring slot ``slot``: the 16-byte store atom, a zero
+        vector, the slot, the thread's 8-column chunk ``c`` and first key ``k0``; pass ``i`` of
+        ``BLOCK // keys_per_pass`` is key ``k0 + i * keys_per_pass``."""
+        dt = _CUTE_DTYPES[self.dtype_name]
+        chunks = self.head_dim // V_ZERO_VEC
+        zero = cute.make_rmem_tensor((V_ZERO_VEC, 1), dt)
+        zero.fill(0.0)
+        store = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dt, num_bits_per_copy=128)
+        return store, zero, sV[None, None, slot], tidx % chunks, tidx // chunks, THREADS // chunks
+
+    @cute.jit
     def zero_v_padding(self, sV: cute.Tensor, slot: Int32, keys: Int32, tidx: Int32):
         """V rows (keys) ``keys .. ceil16(keys) - 1`` of ring slot ``slot`` -> 0, visible to the next
         wgmma (the P V steps past ``ceil16(keys)`` are not issued, so those rows are never read):
         16-byte stores (8 elements of one key along D, contiguous under the 128-byte swizzle)."""
-        dt = _CUTE_DTYPES[self.dtype_name]
-        vec = 8
-        chunks = self.head_dim // vec
-        keys_per_pass = THREADS // chunks
-        zero = cute.make_rmem_tensor((vec, 1), dt)
-        zero.fill(0.0)
-        sV_slot = sV[None, None, slot]
-        store = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dt, num_bits_per_copy=128)
-        c = tidx % chunks
-        k0 = tidx // chunks
+        store, zero, sV_slot, c, k0, keys_per_pass = self.v_row_stores(sV, slot, tidx)
         end = (keys + PV_STEP - 1) // PV_STEP * PV_STEP
         for i in cutlass.range_constexpr(BLOCK // keys_per_pass):
             key = k0 + i * keys_per_pass
             if key >= keys and key < end:
-                cute.copy(store, zero, cute.local_tile(sV_slot, (vec, 1), (c, key)))
+                cute.copy(store, zero, cute.local_tile(sV_slot, (V_ZERO_VEC, 1), (c, key)))
         cute.arch.fence_proxy("async.shared", space="cta")
         cute.arch.barrier()
 
@@ -373,7 +399,7 @@ class BlockSparseFwd64Sm90(CuteKernel):
                 cpasync.prefetch_descriptor(tma_atom_G)
             if const_expr(self.store_out_s):
                 cpasync.prefetch_descriptor(tma_atom_Os)
-            if const_expr(self.partial_loads):
+            if const_expr(self.partial_loads or self.packed_steps):
                 cpasync.prefetch_descriptor(tma_atom_K16)
                 cpasync.prefetch_descriptor(tma_atom_V16)
 
@@ -398,7 +424,7 @@ class BlockSparseFwd64Sm90(CuteKernel):
         tKsK, tKgK = cpasync.tma_partition(tma_atom_K, 0, unit, cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2))
         tVsV, tVgV = cpasync.tma_partition(tma_atom_V, 0, unit, cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2))
         k16 = v16 = None
-        if const_expr(self.partial_loads):
+        if const_expr(self.partial_loads or self.packed_steps):
             # 16-key x 64-column pieces: K (16, 64, key pieces, column halves[, slot]), V (64, 16,
             # column halves, key pieces[, slot]); each piece 2 KB of smem at a 1 KB-aligned offset of
             # its slot, so the 128-byte swizzle lands as the whole tile's load would place it
@@ -448,6 +474,14 @@ class BlockSparseFwd64Sm90(CuteKernel):
             cute.copy(tma_atom_Q, tQgQ, tQsQ, tma_bar_ptr=bar_q.get_barrier(0))
         gIdx = _uniform_base(mIdx[None, qt, h, b])
         n_cur = gIdx[0]
+        # (packed_steps) the step list's words (``step_keys``): the step before, this one, the next
+        st_prev = st_cur = st_nxt = None
+        ragged_cur = ragged_prev = cutlass.Boolean(False)
+        if const_expr(self.packed_steps):
+            st_prev, st_cur, st_nxt = (cute.make_rmem_tensor((STEP_WORDS,), Int32) for _ in range(3))
+            for c in cutlass.range_constexpr(STEP_WORDS):
+                st_cur[c] = gIdx[c]
+            width = width // STEP_WORDS
         count = cutlass.min(cutlass.max(mNum[qt, h, b], Int32(0)), width)
 
         if count > 0:
@@ -457,7 +491,10 @@ class BlockSparseFwd64Sm90(CuteKernel):
             if const_expr(self.partial_loads):  # (the loads of tile 0 need its size)
                 keys_cur = self.tile_keys(mSizes, n_cur, seqlen_k)
             if warp_idx == 0:
-                if const_expr(self.partial_loads):
+                if const_expr(self.packed_steps):
+                    self.load_step(tma_atom_K, tKgK, tKsK, k16, bar_k, tx["k"], Int32(0), st_cur, False)
+                    self.load_step(tma_atom_V, tVgV, tVsV, v16, bar_v, tx["v"], Int32(0), st_cur, True)
+                elif const_expr(self.partial_loads):
                     self.load_kv(tma_atom_K, tKgK, tKsK, k16, bar_k, tx["k"], Int32(0), n_cur, keys_cur, False)
                     self.load_kv(tma_atom_V, tVgV, tVsV, v16, bar_v, tx["v"], Int32(0), n_cur, keys_cur, True)
                 else:
@@ -474,7 +511,13 @@ class BlockSparseFwd64Sm90(CuteKernel):
                 n_next = gIdx[1]
             n_nn = Int32(0)  # (partial_loads) the list entry two ahead, and the next tile's size
             keys_nxt = Int32(BLOCK)
-            if const_expr(self.partial_loads):
+            if const_expr(self.packed_steps):
+                if count > 1:
+                    for c in cutlass.range_constexpr(STEP_WORDS):
+                        st_nxt[c] = gIdx[STEP_WORDS + c]
+                keys_cur = self.step_keys(st_cur)
+                ragged_cur = self.step_ragged(st_cur)
+            elif const_expr(self.partial_loads):
                 if count > 2:
                     n_nn = gIdx[2]
                 keys_nxt = self.tile_keys(mSizes, n_next, seqlen_k)
@@ -489,19 +532,30 @@ class BlockSparseFwd64Sm90(CuteKernel):
             self.gemm_s(mma_qk, mma_qk_rs, acc_S, tSrQ, tSrQr, tSrK[None, None, None, 0])
             warpgroup.wait_group(0)
             if warp_idx == 0 and ks < count:  # K[ks] into the slot S[0] freed
-                if const_expr(self.partial_loads):
+                if const_expr(self.packed_steps):
+                    self.load_step(tma_atom_K, tKgK, tKsK, k16, bar_k, tx["k"], Int32(0), st_nxt, False)
+                elif const_expr(self.partial_loads):
                     self.load_kv(tma_atom_K, tKgK, tKsK, k16, bar_k, tx["k"], Int32(0), n_next, keys_nxt, False)
                 else:
                     self.load_tile(tma_atom_K, tKgK, tKsK, bar_k, tx["k"], 0,
                                    n_next if const_expr(ks == 1) else gIdx[ks])
-            self.softmax(acc_S, acc_S_mn, tScS, keys_cur, row_max, row_sum, alpha, neg_scaled, scale_log2)
+            self.softmax(acc_S, acc_S_mn, tScS, keys_cur, row_max, row_sum, alpha, neg_scaled, scale_log2,
+                         st_cur, ragged_cur)
             rP.store(tP_view.load().to(dt))
             keys_prev = keys_cur
+            ragged_prev = ragged_cur
 
             # ---- steps 1 .. count-1: S[j] in flight with P V[j-1]
             for j in cutlass.range(1, count, unroll=1):
                 n_cur = n_next
-                if const_expr(self.partial_loads):  # the list two ahead: a size read waits on no list read
+                if const_expr(self.packed_steps):  # step j's words were read one step ahead
+                    for c in cutlass.range_constexpr(STEP_WORDS):
+                        st_prev[c] = st_cur[c]
+                        st_cur[c] = st_nxt[c]
+                    if j + 1 < count:
+                        for c in cutlass.range_constexpr(STEP_WORDS):
+                            st_nxt[c] = gIdx[(j + 1) * STEP_WORDS + c]
+                elif const_expr(self.partial_loads):  # the list two ahead: a size read waits on no list read
                     n_next = n_nn
                     if j + 2 < count:
                         n_nn = gIdx[j + 2]
@@ -512,13 +566,18 @@ class BlockSparseFwd64Sm90(CuteKernel):
                 if const_expr(ks > 1):
                     if j + ks < count:
                         n_k = gIdx[j + ks]
-                if const_expr(self.partial_loads):
+                if const_expr(self.packed_steps):
+                    keys_cur = self.step_keys(st_cur)
+                    ragged_cur = self.step_ragged(st_cur)
+                elif const_expr(self.partial_loads):
                     keys_cur = keys_nxt
                     keys_nxt = self.tile_keys(mSizes, n_next, seqlen_k)
                 else:
                     keys_cur = self.tile_keys(mSizes, n_cur, seqlen_k)
                 if warp_idx == 0 and j + vs - 2 < count:  # V[j + vs - 2]
-                    if const_expr(self.partial_loads):
+                    if const_expr(self.packed_steps):
+                        self.load_step(tma_atom_V, tVgV, tVsV, v16, bar_v, tx["v"], j % vs, st_cur, True)
+                    elif const_expr(self.partial_loads):
                         self.load_kv(tma_atom_V, tVgV, tVsV, v16, bar_v, tx["v"], j % vs, n_cur, keys_cur, True)
                     else:
                         self.load_tile(tma_atom_V, tVgV, tVsV, bar_v, tx["v"], (j + vs - 2) % vs,
@@ -530,17 +589,22 @@ class BlockSparseFwd64Sm90(CuteKernel):
                     self.rescale_o(acc_O_mn, alpha, num_rows)
                 prev = (j - 1) % vs
                 bar_v.wait(prev, ((j - 1) // vs) % 2)
-                if keys_prev % PV_STEP != 0:
+                if const_expr(self.packed_steps):
+                    if ragged_prev:
+                        self.zero_v_pieces(sV, prev, st_prev, tidx)
+                elif keys_prev % PV_STEP != 0:
                     self.zero_v_padding(sV, prev, keys_prev, tidx)
                 self.gemm_pv(mma_pv, acc_O, rP, tOrV[None, None, None, prev], keys_prev)
                 warpgroup.wait_group(1)  # S[j] retired; P V[j-1] may still run
                 if warp_idx == 0 and j + ks < count:
-                    if const_expr(self.partial_loads):
+                    if const_expr(self.packed_steps):
+                        self.load_step(tma_atom_K, tKgK, tKsK, k16, bar_k, tx["k"], k_slot, st_nxt, False)
+                    elif const_expr(self.partial_loads):
                         self.load_kv(tma_atom_K, tKgK, tKsK, k16, bar_k, tx["k"], k_slot, n_k, keys_nxt, False)
                     else:
                         self.load_tile(tma_atom_K, tKgK, tKsK, bar_k, tx["k"], k_slot, n_k)
                 moved = self.softmax(acc_S, acc_S_mn, tScS, keys_cur, row_max, row_sum, alpha, neg_scaled,
-                                     scale_log2)
+                                     scale_log2, st_cur, ragged_cur)
                 warpgroup.wait_group(0)  # P V[j-1] retired: P's registers are free
                 if const_expr(self.lazy_rescale):
                     # no wgmma in flight: a conditional rescale beside one would make ptxas
@@ -552,6 +616,7 @@ class BlockSparseFwd64Sm90(CuteKernel):
                         self.rescale_o(acc_O_mn, alpha, num_rows)
                 rP.store(tP_view.load().to(dt))
                 keys_prev = keys_cur
+                ragged_prev = ragged_cur
 
             # ---- drain: P V[count-1]; every S has retired, so the gate tile can take a K slot
             if const_expr(self.fuse_gate):
@@ -561,7 +626,10 @@ class BlockSparseFwd64Sm90(CuteKernel):
             if const_expr(not self.lazy_rescale):  # (lazy: done at the end of the last step)
                 self.rescale_o(acc_O_mn, alpha, num_rows)
             bar_v.wait(last, ((count - 1) // vs) % 2)
-            if keys_prev % PV_STEP != 0:
+            if const_expr(self.packed_steps):
+                if ragged_prev:  # (st_cur: the last step's words)
+                    self.zero_v_pieces(sV, last, st_cur, tidx)
+            elif keys_prev % PV_STEP != 0:
                 self.zero_v_padding(sV, last, keys_prev, tidx)
             self.gemm_pv(mma_pv, acc_O, rP, tOrV[None, None, None, last], keys_prev)
             warpgroup.wait_group(0)
@@ -676,18 +744,83 @@ class BlockSparseFwd64Sm90(CuteKernel):
         if keys == BLOCK:
             self.load_tile(tma_atom, tXgX, tXsX, bar, tx_bytes, slot, n)
         else:
-            atom, tg, ts = pieces16
             per_tile = BLOCK // PV_STEP
             pieces = (keys + PV_STEP - 1) // PV_STEP
             bar.arrive_and_expect_tx(slot, pieces * (tx_bytes // per_tile))
             for c in cutlass.range_constexpr(per_tile):
                 if c < pieces:
-                    for hh in cutlass.range_constexpr(cute.size(ts, mode=[1 if const_expr(is_v) else 2])):
-                        if const_expr(is_v):
-                            src, dst = tg[None, hh, n * per_tile + c], ts[None, hh, c, slot]
-                        else:
-                            src, dst = tg[None, n * per_tile + c, hh], ts[None, c, hh, slot]
-                        cute.copy(atom, src, dst, tma_bar_ptr=bar.get_barrier(slot))
+                    self.load_piece(pieces16, bar, slot, n * per_tile + c, c, is_v)
+
+    @cute.jit
+    def load_piece(self, pieces16, bar, slot: Int32, piece: Int32, place: cutlass.Constexpr,
+                   is_v: cutlass.Constexpr):
+        """(warp 0) 16-key piece ``piece`` of the sequence (all of its columns, 64 a load) into piece
+        ``place`` of ring slot ``slot``, on the slot's barrier (the caller expects its bytes)."""
+        atom, tg, ts = pieces16
+        for hh in cutlass.range_constexpr(cute.size(ts, mode=[1 if const_expr(is_v) else 2])):
+            if const_expr(is_v):
+                src, dst = tg[None, hh, piece], ts[None, hh, place, slot]
+            else:
+                src, dst = tg[None, piece, hh], ts[None, place, hh, slot]
+            cute.copy(atom, src, dst, tma_bar_ptr=bar.get_barrier(slot))
+
+    @cute.jit
+    def step_keys(self, st: cute.Tensor) -> Int32:
+        """(``packed_steps``) The leading keys of a step's slot that its P V reads: 64 for a whole tile,
+        else 16 per used piece (the packer fills a step's pieces from the first)."""
+        used = Int32(0)
+        for c in cutlass.range_constexpr(STEP_WORDS):
+            used = used + (Int32(1) if (st[c] & STEP_KEYS_MASK) > 0 else Int32(0))
+        return Int32(BLOCK) if (st[0] & STEP_WHOLE) != 0 else used * PV_STEP
+
+    @cute.jit
+    def step_ragged(self, st: cute.Tensor) -> cutlass.Boolean:
+        """(``packed_steps``) Whether a used piece of the step has fewer than 16 valid keys (its K rows
+        past them are masked, its V rows zeroed). A whole tile's word 0 holds 16, its others 0."""
+        used = Int32(0)
+        total = Int32(0)
+        for c in cutlass.range_constexpr(STEP_WORDS):
+            keys = st[c] & STEP_KEYS_MASK
+            used = used + (Int32(1) if keys > 0 else Int32(0))
+            total = total + keys
+        return total != used * PV_STEP
+
+    @cute.jit
+    def load_step(self, tma_atom, tXgX, tXsX, pieces16, bar, tx_bytes: cutlass.Constexpr, slot: Int32,
+                  st: cute.Tensor, is_v: cutlass.Constexpr):
+        """(warp 0, ``packed_steps``) K (or V, ``is_v``) of one step into ``slot``: a whole tile by one
+        load, else each used piece (16 keys, from any tile) by its own loads into its place in the
+        slot (``pieces16`` as :meth:`load_kv`'s). The slot's unused pieces keep stale rows: their keys
+        are masked (K) and their P V steps not issued (V)."""
+        w0 = st[0]
+        if (w0 & STEP_WHOLE) != 0:
+            self.load_tile(tma_atom, tXgX, tXsX, bar, tx_bytes, slot, w0 >> (STEP_PIECE_SHIFT + 2))
+        else:
+            per_tile = BLOCK // PV_STEP
+            used = Int32(0)
+            for c in cutlass.range_constexpr(STEP_WORDS):
+                used = used + (Int32(1) if (st[c] & STEP_KEYS_MASK) > 0 else Int32(0))
+            bar.arrive_and_expect_tx(slot, used * (tx_bytes // per_tile))
+            for c in cutlass.range_constexpr(STEP_WORDS):
+                w = st[c]
+                if (w & STEP_KEYS_MASK) > 0:
+                    self.load_piece(pieces16, bar, slot, w >> STEP_PIECE_SHIFT, c, is_v)
+
+    @cute.jit
+    def zero_v_pieces(self, sV: cute.Tensor, slot: Int32, st: cute.Tensor, tidx: Int32):
+        """(``packed_steps``) V rows of ring slot ``slot`` past each used piece's valid keys -> 0 (the
+        padding rows of a ragged piece, which the P V step of its piece reads), as
+        :meth:`zero_v_padding` does for one tile. ``keys_per_pass`` (8 or 16) divides a piece, so
+        pass ``i`` stays in one piece."""
+        store, zero, sV_slot, c, k0, keys_per_pass = self.v_row_stores(sV, slot, tidx)
+        for i in cutlass.range_constexpr(BLOCK // keys_per_pass):
+            p = i * keys_per_pass // PV_STEP
+            keys = st[p] & STEP_KEYS_MASK
+            off = k0 + (i * keys_per_pass) % PV_STEP
+            if keys > 0 and off >= keys:
+                cute.copy(store, zero, cute.local_tile(sV_slot, (V_ZERO_VEC, 1), (c, k0 + i * keys_per_pass)))
+        cute.arch.fence_proxy("async.shared", space="cta")
+        cute.arch.barrier()
 
     @cute.jit
     def load_gate(self, tma_atom_G, mG: cute.Tensor, sK: cute.Tensor, bar_k, tx_bytes: cutlass.Constexpr,
@@ -772,36 +905,46 @@ class BlockSparseFwd64Sm90(CuteKernel):
     @cute.jit
     def softmax(self, acc_S: cute.Tensor, acc_S_mn: cute.Tensor, tScS: cute.Tensor, keys: Int32,
                 row_max: cute.Tensor, row_sum: cute.Tensor, alpha: cute.Tensor, neg_scaled: cute.Tensor,
-                scale_log2: Float32):
+                scale_log2: Float32, st: cute.Tensor = None, ragged=None):
         """Mask keys past ``keys`` (a select), then the online softmax of S in place (P there);
         ``alpha`` gets each row's ratio for the next O rescale. A row spans 4 lanes. Returns whether
-        this warp's rows may have moved (``lazy_vote``: False means every ``alpha`` is 1)."""
+        this warp's rows may have moved (``lazy_vote``: False means every ``alpha`` is 1).
+        (``packed_steps``) ``st``: the step's words, ``ragged``: whether a piece's keys are masked."""
         full = cute.size(acc_S_mn, mode=[1])
+        st = st if const_expr(self.packed_steps) else None
         args = (acc_S_mn, tScS, keys, row_max, row_sum, alpha, neg_scaled, scale_log2)
         if const_expr(not self.narrow_tiles):
-            return self.softmax_columns(*args, full)
+            return self.softmax_columns(*args, full, st, ragged)
         # narrow_tiles: a thread's column c of a row holds key 8 (c // 2) + 2 (lane % 4) + c % 2, so
         # the first quarter / half of its columns hold keys 0-15 / 0-31; a tile of at most 16 / 32
         # keys runs the softmax on those only (its P V reads no other column: the k-steps past
         # ceil16(keys) are not issued). The branch is uniform over the warpgroup (one tile).
         moved = cutlass.Boolean(False)
         if keys > BLOCK // 2:
-            moved = self.softmax_columns(*args, full)
+            moved = self.softmax_columns(*args, full, st, ragged)
         elif keys > BLOCK // 4:
-            moved = self.softmax_columns(*args, full // 2)
+            moved = self.softmax_columns(*args, full // 2, st, ragged)
         else:
-            moved = self.softmax_columns(*args, full // 4)
+            moved = self.softmax_columns(*args, full // 4, st, ragged)
         return moved
 
     @cute.jit
     def softmax_columns(self, acc_S_mn: cute.Tensor, tScS: cute.Tensor, keys: Int32, row_max: cute.Tensor,
                         row_sum: cute.Tensor, alpha: cute.Tensor, neg_scaled: cute.Tensor, scale_log2: Float32,
-                        cols: cutlass.Constexpr):
+                        cols: cutlass.Constexpr, st: cute.Tensor = None, ragged=None):
         """The softmax on a thread's first ``cols`` columns of each row (all of them, or with
         ``narrow_tiles`` the half / quarter holding keys below 32 / 16 when the tile has no other),
         keys past ``keys`` masked, the other columns' P set to 0."""
         full = cute.size(acc_S_mn, mode=[1])
-        if keys < BLOCK * cols // full:
+        if const_expr(st is not None):  # (packed_steps) a ragged piece: each piece's own count
+            if ragged:
+                piece_keys = cute.make_rmem_tensor((STEP_WORDS,), Int32)
+                for c in cutlass.range_constexpr(STEP_WORDS):
+                    piece_keys[c] = st[c] & STEP_KEYS_MASK
+                mask_keys_pieces_mn(acc_S_mn, tScS, piece_keys, piece=PV_STEP, cols=cols)
+            elif keys < BLOCK * cols // full:
+                mask_keys_mn(acc_S_mn, tScS, keys, cols=cols)
+        elif keys < BLOCK * cols // full:
             mask_keys_mn(acc_S_mn, tScS, keys, cols=cols)
         moved = online_softmax_rows(acc_S_mn, row_max, row_sum, alpha, scale_log2, threads_in_group=4,
                                     rescale_threshold=RESCALE_THRESHOLD if const_expr(self.lazy_rescale) else None,

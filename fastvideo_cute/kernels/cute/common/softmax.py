@@ -47,6 +47,25 @@ def mask_keys_mn(s_mn: cute.Tensor, c_mn: cute.Tensor, valid: Int32, cols: cutla
 
 
 @cute.jit
+def mask_keys_pieces_mn(s_mn: cute.Tensor, c_mn: cute.Tensor, piece_keys: cute.Tensor,
+                        piece: cutlass.Constexpr = 16, cols: cutlass.Constexpr = None):
+    """:func:`mask_keys_mn` for a tile made of ``piece``-key pieces of different blocks: key ``k``
+    (``c_mn[0, c][1]``) is kept when ``k % piece < piece_keys[k // piece]`` (``piece_keys``: a
+    register tensor of the pieces' valid-key counts, 0 for an unused piece). Per column: the
+    piece's count picked by selects and one compare; per element one select."""
+    n_pieces = cute.size(piece_keys)
+    for c in cutlass.range_constexpr(cute.size(s_mn, mode=[1]) if const_expr(cols is None) else cols):
+        key = c_mn[0, c][1]
+        which = key // piece
+        keys = piece_keys[0]
+        for p in cutlass.range_constexpr(1, n_pieces):
+            keys = piece_keys[p] if which == p else keys
+        drop = key - which * piece >= keys
+        for r in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
+            s_mn[r, c] = -Float32.inf if drop else s_mn[r, c]
+
+
+@cute.jit
 def online_softmax_update(srow: cute.TensorSSA, row_max: Float32, row_sum: Float32, scale_log2: Float32,
                           threads_in_group: cutlass.Constexpr = 1, p_out=None):
     """One block of a row (this thread's part of it): returns ``(p, new_max, new_sum, alpha)``;
