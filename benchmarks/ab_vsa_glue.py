@@ -53,6 +53,8 @@ CONFIGS = {
     # a partial kv tile's K and V loaded as 16-key pieces (no padding rows through the L2): for the
     # Wan-14B A/B, where one head's K/V outgrow the L2
     "sm90-partial": {"backends.sm90_backend._FWD_VARIANT": {"partial_loads": True}},
+    # calls with partial kv tiles on the forward's packed_steps (their 16-key pieces four to a step)
+    "sm90-packed": {"backends.sm90_backend._PACK_PARTIAL": True},
     # the softmax of every tile over all its columns (narrow_tiles off: the default before 2026-12-03's
     # sixth session runs a tile of <= 16 / 32 keys on the quarter / half of a thread's columns)
     "sm90-wide": {"backends.sm90_backend._FWD_VARIANT": {"narrow_tiles": False}},

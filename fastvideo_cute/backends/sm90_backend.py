@@ -54,6 +54,11 @@ _BLOCK = 64
 # backend compiles; None is the kernel's default. A setting for A/B runs (benchmarks/ab_vsa_glue.py
 # ``sm90-q64`` etc.), not an API: the warm-up compiles the default.
 _FWD_VARIANT = None
+# Calls with partial kv tiles (sizes given) run the forward's ``packed_steps`` (the partial tiles'
+# 16-key pieces four to a step: ~17 % fewer steps on the Wan-1.3B grid's top-k lists). Off until it is
+# measured on the H200 (written 2026-12-04 without a GPU; benchmarks/explore_fwd64_sm90.py variant
+# ``x``, benchmarks/ab_vsa_glue.py ``sm90-packed``); turning it on also wants the warm-up to compile it.
+_PACK_PARTIAL = False
 # kv ranges of the forward (sm90_fwd64's kv_splits): "auto" (adapters.cute_sm90_fwd64.auto_kv_splits:
 # 2-4 where one head's K/V outgrow 0.6 of the L2) or an int (benchmarks/ab_vsa_glue.py sets 1-4)
 _KV_SPLITS = "auto"
@@ -185,8 +190,11 @@ class Sm90Backend:
         if splits == "auto":
             q_len, kv_len = (q.shape[1], k.shape[1]) if bshd else (q.shape[2], k.shape[2])
             splits = auto_kv_splits(q.device, q_len, kv_len, q.shape[3], q.element_size(), q2k_idx.shape[-1])
+        variant = _FWD_VARIANT
+        if _PACK_PARTIAL and sizes is not None:
+            variant = {**(variant or {}), "packed_steps": True}
         return sm90_fwd64(q, k, v, q2k_idx, q2k_num, sizes, bshd=bshd, softmax_scale=sm_scale, gate=gate,
-                          out_c=out_c, out=out, out_s=out_s, variant=_FWD_VARIANT, kv_splits=splits)
+                          out_c=out_c, out=out, out_s=out_s, variant=variant, kv_splits=splits)
 
     def forward(self, q, k, v, sparsity, kv_block_sizes, *, block_size: int, bshd: bool, need_backward: bool,
                 sm_scale: float, kv_padding_zero: bool = False):

@@ -7,7 +7,9 @@ reference on ragged kv blocks (sizes 0, 1, 64, 65, block - 3 and full) with NaN 
 padding rows, B = 2, q_len != kv_len, a row with no block, both layouts, bf16 d128 and fp16 d64;
 bit for bit the same output as the 64-token call on the expanded map with split sizes (the
 tiles the split leaves out add nothing); ``video_sparse_attn`` with a gate fused, 128- and
-256-token tiles, against the fp32 reference.
+256-token tiles, against the fp32 reference. With the backend's ``_PACK_PARTIAL`` on (the forward's
+``packed_steps``): 64- and 128-token blocks of sizes 0-64 with poisoned padding, and gated
+``video_sparse_attn`` on a 4x4x4-tiled grid with edge tiles, against the fp32 reference.
 
 Tolerance: max |out - ref| / max |ref| < 1e-2, the bf16-vs-fp32-reference bound of
 tests/test_gpu_mixed_backends.py; LSE within 2e-2 absolute where finite (bf16 scores).
@@ -110,3 +112,52 @@ def test_gated_vsa_on_split_tiles(tile):
     err = _nerr(out, ref)
     print(f"\n[sm90 split gated vsa tile={tile}] {err:.2e}")
     assert err < OUT_TOL
+
+
+@pytest.fixture
+def _packed(monkeypatch):
+    """The backend's ``_PACK_PARTIAL`` on: calls with partial kv tiles run the forward's
+    ``packed_steps`` (written 2026-12-04 without a GPU; these tests are its first run through the API)."""
+    from fastvideo_cute.backends import sm90_backend
+
+    monkeypatch.setattr(sm90_backend, "_PACK_PARTIAL", True)
+
+
+@pytest.mark.parametrize("block", [64, 128])
+def test_packed_partial_tiles_match_reference(block, _packed):
+    g = torch.Generator(device="cuda").manual_seed(block)
+    b, h, qb, kvb, d = 2, 2, 3, 9, 128
+    sizes = torch.tensor([block, 0, 1, 8, 16, 17, 32, block - 3, 40], dtype=torch.int32, device="cuda")
+    mk = lambda n: torch.randn(b, h, n * block, d, device="cuda", generator=g).bfloat16()  # noqa: E731
+    q, k, v = mk(qb), mk(kvb), mk(kvb)
+    pad = (torch.arange(kvb * block, device="cuda") % block) >= sizes.repeat_interleave(block)
+    k[:, :, pad] = float("nan")
+    v[:, :, pad] = float("inf")
+    m = torch.rand(b, h, qb, kvb, device="cuda", generator=g) < 0.7
+    m[1, 0, 2] = False  # a row with no block
+    ref, ref_lse = block_sparse_attn_reference(q.float(), k.float(), v.float(), m, sizes, block)
+    out, lse = _run(block, False, q, k, v, m, sizes)
+    fin = torch.isfinite(ref_lse)
+    assert torch.isfinite(out).all()
+    assert _nerr(out, ref) < OUT_TOL and (lse[fin] - ref_lse[fin]).abs().max().item() < LSE_TOL
+    assert torch.equal(torch.isneginf(lse), ~fin)
+    assert (out[1, 0, 2 * block:] == 0).all()
+
+
+def test_packed_gated_vsa_on_a_video_grid(_packed):
+    """4x4x4 tiles on a 5 x 6 x 10 latent: edge tiles of 4-32 tokens, the case the option is for."""
+    grid, tile = (5, 6, 10), (4, 4, 4)
+    g = torch.Generator(device="cuda").manual_seed(5)
+    n = grid[0] * grid[1] * grid[2]
+    q, k, v, w = (fvc.to_tiles(torch.randn(1, 3, n, 128, device="cuda", generator=g).bfloat16(), grid, tile, dim=2)
+                  for _ in range(4))
+    sizes = fvc.variable_block_sizes(grid, tile, device="cuda")
+    gate = torch.sigmoid(w.float()).bfloat16()
+    before = ops.dispatch_counts.copy()
+    with torch.no_grad():
+        out = fvc.video_sparse_attn(q, k, v, sizes, sizes, 6, tile, compress_attn_weight=gate)
+    ran = {key: c - before[key] for key, c in ops.dispatch_counts.items() if c != before[key]}
+    assert ran == {("sm90", "fwd"): 1}, ran
+    ref = video_sparse_attn_reference(q.float(), k.float(), v.float(), sizes, sizes, 6, tile,
+                                      compress_attn_weight=gate.float())
+    assert _nerr(out, ref) < OUT_TOL
