@@ -31,10 +31,14 @@ def test_variants_are_kernel_configurations(explore):
         sm90_kernel_class()("bfloat16", 128, **explore.parse_variant(spec))
 
 
-@pytest.mark.parametrize("bad", ["x", "q112z", "kx"])
+@pytest.mark.parametrize("bad", ["z", "q112z", "kx"])
 def test_bad_variant_is_refused(explore, bad):
     with pytest.raises((SystemExit, KeyError)):
         explore.parse_variant(bad)
+
+
+def test_packed_steps_flag_parses(explore):
+    assert explore.parse_variant("x") == {"packed_steps": True}
 
 
 def test_round_ratios_compare_within_each_round(explore):
