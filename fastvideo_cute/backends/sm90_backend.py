@@ -55,10 +55,14 @@ _BLOCK = 64
 # ``sm90-q64`` etc.), not an API: the warm-up compiles the default.
 _FWD_VARIANT = None
 # Calls with partial kv tiles (sizes given) run the forward's ``packed_steps`` (the partial tiles'
-# 16-key pieces four to a step: ~17 % fewer steps on the Wan-1.3B grid's top-k lists). Off until it is
-# measured on the H200 (written 2026-12-04 without a GPU; benchmarks/explore_fwd64_sm90.py variant
-# ``x``, benchmarks/ab_vsa_glue.py ``sm90-packed``); turning it on also wants the warm-up to compile it.
-_PACK_PARTIAL = False
+# 16-key pieces four to a step: ~17 % fewer steps on the Wan-1.3B grid's top-k lists). Measured on the
+# H100 (2026-12-05): exact (tests/logs/h100_2026-12-05_fwd64_packed_06e753b.log, 49 passed), 2.15 vs
+# 2.38 ms for the default build on the Wan-1.3B grid (1.12x cuDNN's blk64 forward instead of 1.01x,
+# benchmarks/results/fwd64_sm90_h100_packed.json), 1.92 vs 2.57 ms for video_sparse_attn's whole forward
+# there (ab_vsa_glue_h100_packed_fwd.json); full-tile calls keep the default build (it was 7.5 % / 3.6 %
+# slower packed at 32,768 / 65,536 tokens, where the steps are the same). The warm-up compiles it
+# through the ragged workloads' calls (their compile key says ``steps=packed``).
+_PACK_PARTIAL = True
 # kv ranges of the forward (sm90_fwd64's kv_splits): "auto" (adapters.cute_sm90_fwd64.auto_kv_splits:
 # 2-4 where one head's K/V outgrow 0.6 of the L2) or an int (benchmarks/ab_vsa_glue.py sets 1-4)
 _KV_SPLITS = "auto"
@@ -152,8 +156,10 @@ class Sm90Backend:
         from ..kernels.cute.block_sparse_fwd64 import SM90_REGISTRY_NAME
 
         gate = "fused+out_s" if gated == "train" else ("fused" if gated else "none")
+        ragged = not call.kv_all_full
         detail = (("kernel", SM90_REGISTRY_NAME), ("tile", "64x64"), ("target", "sm_90a"),
-                  ("ragged", str(not call.kv_all_full)), ("gate", gate))
+                  ("ragged", str(ragged)), ("gate", gate),
+                  ("steps", "packed" if ragged and _PACK_PARTIAL else "lists"))
         keys = {"fwd": basic_key(self.name, call, "fwd", _BLOCK, detail)}
         if call.need_grad:
             config = ",".join(f"{k}={v}" for k, v in sorted(_BWD_WS_CONFIG.items()))

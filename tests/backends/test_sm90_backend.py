@@ -137,6 +137,8 @@ def test_compile_keys_name_the_kernel_and_the_gate_variant():
     assert dict(gated.detail)["gate"] == "fused" and gated.digest() != keys["fwd"].digest()
     full = be.compile_keys(_with(kv_all_full=True))["fwd"]  # no sizes: another compiled variant
     assert full.digest() != keys["fwd"].digest()
+    # partial kv tiles run the packed_steps build (sm90_backend._PACK_PARTIAL), full ones the q2k lists
+    assert dict(keys["fwd"].detail)["steps"] == "packed" and dict(full.detail)["steps"] == "lists"
 
 
 def test_the_shipped_table_picks_it_where_it_was_fastest(monkeypatch):

@@ -5,7 +5,7 @@ counts in [0, W] and outside it (clamped), tile sizes of every kind (empty, part
 16-key piece bounds, whole), no sizes, a kv_len that cuts the last tiles, and rows spread over
 programs unevenly. Plus the invariant the consumer relies on (every valid key of a row's tiles in
 exactly one used slot, whole steps first, unused slots only at the end of the last step) and the
-refused shapes."""
+refused shapes. On a machine with a GPU the same cases run the compiled kernel on CUDA tensors."""
 
 from collections import Counter
 
@@ -16,6 +16,7 @@ pytest.importorskip("triton")
 
 from fastvideo_cute.kernels.triton.packed_steps import packed_steps  # noqa: E402
 
+_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # CPU: the interpreter (tests/conftest.py)
 _SIZES = [0, 1, 8, 15, 16, 17, 31, 32, 33, 48, 63, 64]
 
 
@@ -63,10 +64,12 @@ def _case(r, w, kvb, seed, with_sizes):
 
 def _run(idx, num, sizes, kv_len, rows_per_program=4):
     r, w = idx.shape
-    steps = torch.full((r, 4 * w), -7, dtype=torch.int32)
-    nsteps = torch.full((r,), -7, dtype=torch.int32)
+    steps = torch.full((r, 4 * w), -7, dtype=torch.int32, device=_DEVICE)
+    nsteps = torch.full((r,), -7, dtype=torch.int32, device=_DEVICE)
+    idx, num = idx.to(_DEVICE), num.to(_DEVICE)
+    sizes = None if sizes is None else sizes.to(_DEVICE)
     packed_steps(idx, num, sizes, kv_len, steps, nsteps, rows_per_program=rows_per_program)
-    return steps, nsteps
+    return steps.cpu(), nsteps.cpu()
 
 
 _SHAPES = [(5, 1, 3), (7, 3, 5), (9, 8, 6), (6, 13, 20), (5, 33, 40)]
