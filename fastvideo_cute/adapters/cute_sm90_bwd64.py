@@ -32,11 +32,11 @@ from typing import Optional, Tuple
 import torch
 
 from fastvideo_cute.kernels.cute import block_sparse_bwd64 as _kernels  # names and limits only: no CuTe import
-from fastvideo_cute.kernels.cute.block_sparse_bwd64.limits import HEAD_DIM, SM90_CAPABILITIES
+from fastvideo_cute.kernels.cute.block_sparse_bwd64.limits import BLOCK, HEAD_DIM, SM90_CAPABILITIES
 
 from ._checks import cute_dsl_importable
 from .cute_sm100_bwd import _check_activations, _check_meta, run_bwd64_chain
-from .cute_sm90_bwd64_ws import GROUP_BLOCKS_DEFAULT, GROUP_MIN_BLOCKS, run_ws_chain
+from .cute_sm90_bwd64_ws import GROUP_BLOCKS_DEFAULT, GROUP_MIN_BLOCKS, default_groups, device_name, run_ws_chain
 
 __all__ = ["sm90_bwd64_support", "sm90_block_sparse_bwd64", "compiled_sm90_main", "MAX_ELEMS"]
 
@@ -94,7 +94,7 @@ def sm90_block_sparse_bwd64(q, k, v, out, dout, lse, k2q_idx, k2q_num, kv_block_
     lse2/delta by bulk copy into shared memory; ``main``: which main kernel (:data:`MAINS`; "ws" is
     configured by ``ws_config`` instead: ``BlockSparseBwd64Sm90Ws``'s keyword arguments and
     ``group_blocks`` / ``group_min_blocks``, the q groups of ``cute_sm90_bwd64_ws.run_ws_chain``,
-    ``group_blocks=0`` for none);
+    ``group_blocks=0`` for none; neither given: ``cute_sm90_bwd64_ws.default_groups`` for this GPU);
     ``order_policy``: the chain's work order (``cute_sm100_bwd.ORDER_POLICIES``). Raises ``ValueError`` naming the reason when :func:`sm90_bwd64_support`
     refuses."""
     if main not in MAINS:
@@ -108,8 +108,12 @@ def sm90_block_sparse_bwd64(q, k, v, out, dout, lse, k2q_idx, k2q_num, kv_block_
         raise ValueError("sm90_block_sparse_bwd64: sm_scale must be finite")
     if main == "ws":
         cfg = dict(ws_config or {})
-        group_blocks = cfg.pop("group_blocks", GROUP_BLOCKS_DEFAULT) or None  # 0: no q groups
-        group_min = cfg.pop("group_min_blocks", GROUP_MIN_BLOCKS)
+        if "group_blocks" in cfg or "group_min_blocks" in cfg or not q.is_cuda:
+            group_blocks = cfg.pop("group_blocks", GROUP_BLOCKS_DEFAULT) or None  # 0: no q groups
+            group_min = cfg.pop("group_min_blocks", GROUP_MIN_BLOCKS)
+        else:  # this GPU's rule (cute_sm90_bwd64_ws.default_groups)
+            index = q.device.index if q.device.index is not None else torch.cuda.current_device()
+            group_blocks, group_min = default_groups(q.shape[2] // BLOCK, device_name(index))
         if "grouped" in cfg:
             raise ValueError("sm90_block_sparse_bwd64: ws_config's 'grouped' follows from group_blocks")
         return run_ws_chain(lambda grouped: compiled_sm90_main(main="ws", ws_config={**cfg, "grouped": grouped}),

@@ -17,7 +17,8 @@ caller's support predicate.
 
 from __future__ import annotations
 
-from typing import Optional
+import functools
+from typing import Optional, Tuple
 
 import torch
 
@@ -27,7 +28,8 @@ from fastvideo_cute.kernels.triton.q_group_lists import MAX_GROUPS, q_group_list
 
 from .cute_sm100_bwd import ORDER_POLICIES, sm100_bwd64_common_stages, sm100_bwd64_postprocess
 
-__all__ = ["GROUP_BLOCKS_DEFAULT", "GROUP_MIN_BLOCKS", "group_bounds", "run_ws_chain"]
+__all__ = ["GROUP_BLOCKS_DEFAULT", "GROUP_MIN_BLOCKS", "H100_PAIR_MIN_BLOCKS", "default_groups", "group_bounds",
+           "run_ws_chain"]
 
 #: q blocks per group: measured on the H200 at 65,536 tokens with the route's flat_dq build
 #: (benchmarks/results/bwd64_sm90_h200_v20.json, per-round ratio to cuDNN's blk64 backward): 512 (two
@@ -38,8 +40,33 @@ GROUP_BLOCKS_DEFAULT = 512
 #: one whole head's Q, dO and dq_accum, 3 x 16 MB, already stays in L2) and 7 % on the Wan-1.3B grid
 #: (624), and gain 8.6 % at 65,536 (1024)
 GROUP_MIN_BLOCKS = 768
+#: on an H100 (HBM3, 3.35 TB/s against the H200's 4.8: an L2 miss costs more), sequences of this many q
+#: blocks up to GROUP_MIN_BLOCKS are split into two equal groups. Measured on the H100 with the route's
+#: flat_dq build (benchmarks/results/bwd64_sm90_h100_groups.json, _groups2.json, 2026-12-05): on the
+#: Wan-1.3B grid (624 blocks: one head's Q, dO and dq_accum 39 MB, 0.78 of the 50 MB L2) two groups of 312
+#: took 7.62 / 7.63 ms against 8.03 / 8.04 ms for one group (1.008x cuDNN's blk64 backward instead of
+#: 0.956x); at 32,768 tokens (512 blocks: 32 MB, 0.64 of the L2) two groups of 256 cost 3.9 % (5.37 vs
+#: 5.17 ms). 576 (36 MB, 0.72) lies between the two points; other GPUs keep the H200's rule above (the
+#: H200 was not measured with this split).
+H100_PAIR_MIN_BLOCKS = 576
 #: the q-group split by one Triton launch on CUDA (else the torch ops of ``_group_lists_torch``)
 _TRITON_GROUPS = True
+
+
+def default_groups(num_blocks: int, device_name: str) -> Tuple[Optional[int], int]:
+    """``(group_blocks, min_blocks)`` of :func:`group_bounds` for a sequence of ``num_blocks``
+    64-token q blocks on the GPU named ``device_name`` (``torch.cuda.get_device_name``): two equal
+    groups on an H100 from ``H100_PAIR_MIN_BLOCKS`` to ``GROUP_MIN_BLOCKS`` blocks, else groups of
+    ``GROUP_BLOCKS_DEFAULT`` from ``GROUP_MIN_BLOCKS`` blocks on."""
+    if "H100" in device_name and H100_PAIR_MIN_BLOCKS <= num_blocks < GROUP_MIN_BLOCKS:
+        return -(-num_blocks // 2), 0
+    return GROUP_BLOCKS_DEFAULT, GROUP_MIN_BLOCKS
+
+
+@functools.lru_cache(maxsize=None)
+def device_name(index: int) -> str:
+    """The CUDA device's name, looked up once per device."""
+    return torch.cuda.get_device_name(index)
 
 
 def group_bounds(k2q_idx: torch.Tensor, k2q_num: torch.Tensor, num_blocks: int, group_blocks: Optional[int],

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from fastvideo_cute.adapters import cute_sm90_bwd64 as A
-from fastvideo_cute.adapters.cute_sm90_bwd64_ws import GROUP_MIN_BLOCKS, group_bounds, run_ws_chain
+from fastvideo_cute.adapters.cute_sm90_bwd64_ws import (GROUP_BLOCKS_DEFAULT, GROUP_MIN_BLOCKS, H100_PAIR_MIN_BLOCKS,
+                                                     default_groups, group_bounds, run_ws_chain)
 
 
 def _lists(items, nb, max_q, seed):
@@ -51,6 +52,21 @@ def test_default_groups_start_at_the_measured_size():
     idx, num = _lists(3, GROUP_MIN_BLOCKS, 8, 5)
     assert group_bounds(idx, num, GROUP_MIN_BLOCKS - 1, 384, GROUP_MIN_BLOCKS)[1].shape[1] == 2
     assert group_bounds(idx, num, GROUP_MIN_BLOCKS, 384, GROUP_MIN_BLOCKS)[1].shape[1] == 3
+
+
+@pytest.mark.parametrize("name", ["NVIDIA H100 80GB HBM3", "NVIDIA H100 PCIe", "NVIDIA H200", "NVIDIA GH200 480GB"])
+def test_each_gpu_gets_its_measured_groups(name):
+    """Two equal groups on an H100 from H100_PAIR_MIN_BLOCKS up to GROUP_MIN_BLOCKS (the Wan-1.3B
+    grid's 624 blocks: 312 + 312), one group below; from GROUP_MIN_BLOCKS on, and on every other
+    GPU, groups of GROUP_BLOCKS_DEFAULT. The split those sizes give, by group_bounds."""
+    h100 = "H100" in name
+    for nb in (512, H100_PAIR_MIN_BLOCKS - 2, H100_PAIR_MIN_BLOCKS, 624, 701, GROUP_MIN_BLOCKS, 1024):
+        size, min_blocks = default_groups(nb, name)
+        paired = h100 and H100_PAIR_MIN_BLOCKS <= nb < GROUP_MIN_BLOCKS
+        assert (size, min_blocks) == (((nb + 1) // 2, 0) if paired else (GROUP_BLOCKS_DEFAULT, GROUP_MIN_BLOCKS))
+        idx, num = _lists(3, nb, 8, nb)
+        groups = group_bounds(idx, num, nb, size, min_blocks)[1].shape[1] - 1
+        assert groups == (2 if paired else 1 if nb < GROUP_MIN_BLOCKS else -(-nb // GROUP_BLOCKS_DEFAULT)), nb
 
 
 def test_bad_group_size_is_refused():

@@ -167,10 +167,24 @@ def test_65536_tokens_vs_triton_and_run_to_run(dq_reduce):
     each dk/dv element is a sum of fp32 partials in no fixed order: the two runs' bf16 values may
     then differ by one bf16 ulp (2^-7 relative at most), plus the fp32 summation noise of elements
     that cancel to near zero (1e-5 of the tensor's scale)."""
+    _vs_triton_twice(dq_reduce, nb=1024, topk=128, heads=4, ragged=False)
+
+
+def test_wan_grid_length_with_this_gpus_groups():
+    """624 kv blocks (the Wan-1.3B 480p grid's sequence) with ragged sizes, top-k 78, on the route's
+    configuration with no group keys, so the q groups of ``cute_sm90_bwd64_ws.default_groups`` for this
+    GPU (two groups of 312 on an H100, one group on the H200): against the Triton backward and run to
+    run, as at 65,536 tokens."""
+    from fastvideo_cute.adapters.cute_sm90_bwd64_ws import default_groups, device_name
+
+    print("groups:", default_groups(624, device_name(torch.cuda.current_device())))
+    _vs_triton_twice(_route_config(), nb=624, topk=78, heads=2, ragged=True)
+
+
+def _vs_triton_twice(dq_reduce, nb, topk, heads, ragged):
     from fastvideo_cute.kernels.triton.block_sparse_bwd import block_sparse_attn_bwd
 
-    nb, topk, heads = 1024, 128, 4
-    q, k, v, do, idx, num, vbs, _ = make_case(nb=nb, topk=topk, heads=heads, ragged=False, nan_padding=False)
+    q, k, v, do, idx, num, vbs, _ = make_case(nb=nb, topk=topk, heads=heads, ragged=ragged, nan_padding=False)
     kidx, knum = invert_indices(idx, num, nb)
     o, lse = _triton_forward(q, k, v, idx, num, vbs)
     tdq, tdk, tdv = (torch.empty_like(q) for _ in range(3))
