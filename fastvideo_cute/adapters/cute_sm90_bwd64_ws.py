@@ -53,12 +53,12 @@ H100_PAIR_MIN_BLOCKS = 576
 _TRITON_GROUPS = True
 
 
-def default_groups(num_blocks: int, device_name: str) -> Tuple[Optional[int], int]:
+def default_groups(num_blocks: int, gpu_name: str) -> Tuple[Optional[int], int]:
     """``(group_blocks, min_blocks)`` of :func:`group_bounds` for a sequence of ``num_blocks``
-    64-token q blocks on the GPU named ``device_name`` (``torch.cuda.get_device_name``): two equal
+    64-token q blocks on the GPU named ``gpu_name`` (:func:`device_name`): two equal
     groups on an H100 from ``H100_PAIR_MIN_BLOCKS`` to ``GROUP_MIN_BLOCKS`` blocks, else groups of
     ``GROUP_BLOCKS_DEFAULT`` from ``GROUP_MIN_BLOCKS`` blocks on."""
-    if "H100" in device_name and H100_PAIR_MIN_BLOCKS <= num_blocks < GROUP_MIN_BLOCKS:
+    if "H100" in gpu_name and H100_PAIR_MIN_BLOCKS <= num_blocks < GROUP_MIN_BLOCKS:
         return -(-num_blocks // 2), 0
     return GROUP_BLOCKS_DEFAULT, GROUP_MIN_BLOCKS
 
