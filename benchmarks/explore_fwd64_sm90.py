@@ -35,20 +35,18 @@ def ours(q, k, v, idx, num, sizes, *, bshd: bool, gate=None, out_c=None, variant
                       kv_splits=kv_splits)
 
 
-_VARIANT_KEYS = {"k": "k_stages", "v": "v_stages", "c": "ctas_per_sm", "g": "wgs"}
+_VARIANT_KEYS = {"k": "k_stages", "v": "v_stages", "c": "ctas_per_sm"}
 _VARIANT_FLAGS = {"l": ("lazy_rescale", True), "e": ("lazy_rescale", False), "u": ("lazy_vote", True),
                   "n": ("lazy_vote", False), "p": ("partial_loads", True), "t": ("narrow_tiles", True),
-                  "w": ("narrow_tiles", False), "x": ("packed_steps", True),
-                  "y": ("pingpong", True)}
+                  "w": ("narrow_tiles", False), "x": ("packed_steps", True)}
 
 
 def parse_variant(spec: str) -> dict:
     """``"k2v3c2st"`` -> k_stages=2, v_stages=3, ctas_per_sm=2, stmatrix_epilogue=True; ``q112`` ->
     q_regs=112 (Q's first 112 columns in registers: those k-steps of S as RS wgmma; ``q`` alone:
     128); the flags ``l`` / ``e`` (lazy_rescale on / off), ``u`` / ``n`` (lazy_vote on / off) and
-    ``p`` (partial_loads), ``t`` / ``w`` (narrow_tiles on / off), ``x`` (packed_steps: the lists
-    packed by ``pack_steps`` inside the timed call) and ``y`` (pingpong) anywhere; ``g3`` -> wgs=3
-    (three warpgroups a CTA, each its own query tile; ctas_per_sm 3 // wgs unless ``c`` says), e.g.
+    ``p`` (partial_loads), ``t`` / ``w`` (narrow_tiles on / off) and ``x`` (packed_steps: the lists
+    packed by ``pack_steps`` inside the timed call) anywhere, e.g.
     ``"q112l"`` (the kernel's defaults for what is left out; ``"base"`` is the default build)."""
     import re
 
@@ -57,11 +55,9 @@ def parse_variant(spec: str) -> dict:
         return out
     if rest.endswith("st"):
         out["stmatrix_epilogue"], rest = True, rest[:-2]
-    for key, val in re.findall(r"([kvcg])(\d)", rest):
+    for key, val in re.findall(r"([kvc])(\d)", rest):
         out[_VARIANT_KEYS[key]] = int(val)
-    rest = re.sub(r"[kvcg]\d", "", rest)
-    if "wgs" in out and "ctas_per_sm" not in out:
-        out["ctas_per_sm"] = 3 // out["wgs"]
+    rest = re.sub(r"[kvc]\d", "", rest)
     m = re.search(r"q(\d*)", rest)
     if m:
         out["q_regs"] = int(m.group(1) or 128)

@@ -25,10 +25,7 @@ of a tile of at most 16 / 32 keys on the quarter / half of a thread's columns th
 ``packed_steps`` (``packed``; written 2026-12-04 without a GPU: its first H200 run decides): the
 lists packed by ``pack_steps`` so that every whole tile is a step and the 16-key pieces of the
 partial tiles go four to a step from any tiles (ragged pieces: K masked per piece, V's padding rows
-zeroed per piece); the random-sizes case packs pieces of every size. And three warpgroups a CTA,
-each with its own query tile (``wgs3``; the grid's last CTA has warpgroups past the last tile, which
-store nothing), with ``pingpong`` (the warpgroups take turns issuing their wgmmas: named barriers;
-written 2026-12-05, its first H200 run decides), two warpgroups with ``pingpong2``, and with packed steps. ``test_every_list_length`` walks lists of 0-8 entries with
+zeroed per piece); the random-sizes case packs pieces of every size. ``test_every_list_length`` walks lists of 0-8 entries with
 and without the gate, so every ring phase of the K/V slots and of the gate's slot is reached. ``test_lazy_rescale_*`` build score sequences whose max climbs in steps below and
 above the threshold, and one that only falls, so that both branches of the rescale run.
 
@@ -54,10 +51,7 @@ OUT_TOL = {torch.bfloat16: 1.6e-2, torch.float16: 2e-3}
 
 VARIANTS = {"default": None, "q112": {"q_regs": 112}, "eager": {"lazy_rescale": False},
             "novote": {"lazy_vote": False}, "partial": {"partial_loads": True},
-            "wide": {"narrow_tiles": False}, "packed": {"packed_steps": True},
-            "wgs3": {"wgs": 3, "ctas_per_sm": 1}, "pingpong": {"wgs": 3, "ctas_per_sm": 1, "pingpong": True},
-            "pingpong2": {"wgs": 2, "ctas_per_sm": 1, "pingpong": True},
-            "pingpong-packed": {"wgs": 3, "ctas_per_sm": 1, "pingpong": True, "packed_steps": True}}
+            "wide": {"narrow_tiles": False}, "packed": {"packed_steps": True}}
 
 
 @pytest.fixture(params=list(VARIANTS), ids=list(VARIANTS))

@@ -82,14 +82,6 @@ specialisation; the latency is hidden by three CTAs per SM, ``min_blocks_per_mp=
     the gate (``out = (w_prev * prev_o + w * out) / (w_prev + w)``, ``w = exp(lse - max)``, the
     merged LSE written over ``lse``; empty on both sides: 0 and -inf; a NaN on either side: NaN),
     so one head's resident K/V is one range's;
-  - ``wgs`` / ``pingpong`` (configurations, off): ``wgs`` warpgroups a CTA (``ctas_per_sm`` x ``wgs``
-    <= 3), each with its own query tile, Q / K / V buffers and barriers (warp 0 of each issues its
-    loads; the grid's last CTA may have warpgroups past the last tile, which store nothing); with
-    ``pingpong`` they take turns issuing their wgmmas (FA3's schedule: warpgroup w waits on named
-    barrier ``PP_BAR + w`` before S[j] + P V[j-1] and passes the turn after, for as many rounds as
-    every warpgroup of the CTA has; V's load is waited for before the turn), so one warpgroup's
-    softmax runs under the others' wgmmas. Exact and bitwise equal to the default on the H100, and no
-    faster (``benchmarks/results/fwd64_sm90_h100_pingpong.json``: 0.96-1.00x the default);
   - the pipeline is a configuration too (``k_stages`` 1-3 K slots, ``v_stages`` 2-3 V slots,
     ``ctas_per_sm``, ``stmatrix_epilogue``): with ``k_stages`` slots K[j + k_stages] is issued once
     S[j] retires, with three V slots V[j + 1] is issued at step j. The default (one K slot, two V
@@ -151,26 +143,12 @@ RESCALE_THRESHOLD = 8.0
 _CUTE_DTYPES = {"float16": cutlass.Float16, "bfloat16": cutlass.BFloat16}
 SMEM_PER_SM = 227 * 1024  # the H100/H200 shared memory a kernel may use per SM
 SMEM_RESERVED_PER_CTA = 1024  # the driver's per-CTA reservation
-WARPGROUPS_PER_SM = 3  # (ctas_per_sm x wgs) the 168 registers a thread of three warpgroups per SM holds
-# named barrier ids (0 is the CTA-wide one): (``pingpong``) warpgroup w waits on PP_BAR + w for its turn
-# to issue its wgmmas; (``wgs`` > 1) WG_BAR + w is warpgroup w's own barrier
-PP_BAR = 1
-WG_BAR = 4
 
 
-def smem_bytes(head_dim: int, k_stages: int, v_stages: int, wgs: int = 1) -> int:
-    """Dynamic shared memory of one CTA: per warpgroup Q + the K and V rings (64 x D, 2 B each) and
-    their barriers, and the 1 KB alignment slack of the buffers."""
-    return wgs * (BLOCK * head_dim * 2 * (1 + k_stages + v_stages) + 8 * (1 + k_stages + v_stages)) + 8 + 1024
-
-
-def _barrier_view(arr: pipeline.MbarrierArray, first) -> pipeline.MbarrierArray:
-    """(``wgs`` > 1) The barriers of ``arr`` from index ``first`` on, as an array of their own (no
-    initialisation: CTA warp 0 initialised the whole array). The base is the pointer the array is
-    rebuilt from when it crosses a dynamic region, so both are moved."""
-    view = arr.recast_to_new_op_type(arr.op_type)
-    view.barrier_storage = view.mbarrier_base = arr.mbarrier_base + first
-    return view
+def smem_bytes(head_dim: int, k_stages: int, v_stages: int) -> int:
+    """Dynamic shared memory of one CTA: Q + the K and V rings (64 x D, 2 B each), barriers and the
+    1 KB alignment slack of the buffers."""
+    return BLOCK * head_dim * 2 * (1 + k_stages + v_stages) + 8 * (2 + k_stages + v_stages) + 1024
 
 
 @cute.jit
@@ -194,8 +172,7 @@ class BlockSparseFwd64Sm90(CuteKernel):
                  fuse_gate: bool = False, k_stages: int = 1, v_stages: int = 2, ctas_per_sm: int = 3,
                  stmatrix_epilogue: bool = False, q_regs: int = 0, lazy_rescale: bool = True,
                  lazy_vote: Optional[bool] = None, partial_loads: bool = False, store_out_s: bool = False,
-                 merge_prev: bool = False, narrow_tiles: bool = True, packed_steps: bool = False, wgs: int = 1,
-                 pingpong: bool = False):
+                 merge_prev: bool = False, narrow_tiles: bool = True, packed_steps: bool = False):
         if dtype not in DTYPE_NAMES:
             raise ValueError(f"dtype must be one of {DTYPE_NAMES}, got {dtype!r}")
         if head_dim not in HEAD_DIMS:
@@ -209,14 +186,7 @@ class BlockSparseFwd64Sm90(CuteKernel):
         if q_regs % 16 or not 0 <= q_regs <= head_dim:
             raise ValueError(f"q_regs (Q columns held in registers) must be a multiple of 16 in [0, head_dim], "
                              f"got {q_regs!r}")
-        if wgs not in (1, 2, 3):
-            raise ValueError(f"wgs (warpgroups per CTA, each with its own query tile) must be 1, 2 or 3, got {wgs!r}")
-        if ctas_per_sm * wgs > WARPGROUPS_PER_SM:
-            raise ValueError(f"ctas_per_sm={ctas_per_sm} x wgs={wgs} warpgroups per SM exceed {WARPGROUPS_PER_SM} "
-                             f"(the register file holds three at 168 registers a thread)")
-        if pingpong and wgs == 1:
-            raise ValueError("pingpong (the warpgroups of a CTA take turns issuing their wgmmas) needs wgs > 1")
-        need = ctas_per_sm * (smem_bytes(head_dim, k_stages, v_stages, wgs) + SMEM_RESERVED_PER_CTA)
+        need = ctas_per_sm * (smem_bytes(head_dim, k_stages, v_stages) + SMEM_RESERVED_PER_CTA)
         if need > SMEM_PER_SM:
             raise ValueError(f"k_stages={k_stages}, v_stages={v_stages} at head_dim {head_dim} need {need} B of "
                              f"shared memory for {ctas_per_sm} CTAs per SM; the SM has {SMEM_PER_SM}")
@@ -248,8 +218,6 @@ class BlockSparseFwd64Sm90(CuteKernel):
         self.store_out_s = bool(store_out_s)
         self.merge_prev = bool(merge_prev)
         self.narrow_tiles = bool(narrow_tiles)
-        self.wgs = int(wgs)
-        self.pingpong = bool(pingpong)
 
     def config(self) -> Mapping[str, Any]:
         return {"dtype": self.dtype_name, "head_dim": self.head_dim, "has_block_sizes": self.has_block_sizes,
@@ -257,8 +225,7 @@ class BlockSparseFwd64Sm90(CuteKernel):
                 "ctas_per_sm": self.ctas_per_sm, "stmatrix_epilogue": self.stmatrix_epilogue,
                 "q_regs": self.q_regs, "lazy_rescale": self.lazy_rescale, "lazy_vote": self.lazy_vote,
                 "partial_loads": self.partial_loads, "store_out_s": self.store_out_s,
-                "merge_prev": self.merge_prev, "narrow_tiles": self.narrow_tiles, "packed_steps": self.packed_steps,
-                "wgs": self.wgs, "pingpong": self.pingpong}
+                "merge_prev": self.merge_prev, "narrow_tiles": self.narrow_tiles, "packed_steps": self.packed_steps}
 
     def fake_args(self) -> tuple:
         dt = _CUTE_DTYPES[self.dtype_name]
@@ -304,11 +271,6 @@ class BlockSparseFwd64Sm90(CuteKernel):
         sK_one = cute.slice_(sK_layout, (None, None, 0))
         sV_layout = cute.tile_to_shape(mn_atom, (d, BLOCK, self.v_stages), order=(1, 0, 2))
         sV_one = cute.slice_(sV_layout, (None, None, 0))
-        # the CTA's buffers: one set per warpgroup (the last mode), each warpgroup's as above
-        w = self.wgs
-        sQ_all = cute.tile_to_shape(k_atom, (BLOCK, d, w), order=(0, 1, 2))
-        sK_all = cute.tile_to_shape(k_atom, (BLOCK, d, self.k_stages, w), order=(0, 1, 2, 3))
-        sV_all = cute.tile_to_shape(mn_atom, (d, BLOCK, self.v_stages, w), order=(1, 0, 2, 3))
 
         g2s = cpasync.CopyBulkTensorTileG2SOp()
         tma_atom_Q, tma_Q = cpasync.make_tiled_tma_atom(g2s, mQ, sQ_layout, (BLOCK, d))
@@ -348,21 +310,21 @@ class BlockSparseFwd64Sm90(CuteKernel):
 
         @cute.struct
         class SharedStorage:
-            bar_q: cute.struct.MemRange[cutlass.Int64, w]
-            bar_k: cute.struct.MemRange[cutlass.Int64, self.k_stages * w]
-            bar_v: cute.struct.MemRange[cutlass.Int64, self.v_stages * w]
-            sQ: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sQ_all)], 1024]
-            sK: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sK_all)], 1024]
-            sV: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sV_all)], 1024]
+            bar_q: cute.struct.MemRange[cutlass.Int64, 1]
+            bar_k: cute.struct.MemRange[cutlass.Int64, self.k_stages]
+            bar_v: cute.struct.MemRange[cutlass.Int64, self.v_stages]
+            sQ: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sQ_layout)], 1024]
+            sK: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sK_layout)], 1024]
+            sV: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sV_layout)], 1024]
 
         scale_log2 = softmax_scale * Float32(math.log2(math.e))
-        grid = (cute.ceil_div(cute.ceil_div(mQ.shape[0], BLOCK), w), mQ.shape[2], mQ.shape[3])
+        grid = (cute.ceil_div(mQ.shape[0], BLOCK), mQ.shape[2], mQ.shape[3])
         sizes = mSizes if const_expr(self.has_block_sizes) else mNum  # a placeholder never read
         self.kernel(
             tma_atom_Q, tma_Q, tma_atom_K, tma_K, tma_atom_V, tma_V, tma_atom_O, tma_O, tma_atom_G, tma_G, out_c,
             tma_atom_Os, tma_Os, prev_o, tma_atom_K16, tma_K16, tma_atom_V16, tma_V16, mLSE, mIdx, mNum, sizes,
-            sQ_all, sK_all, sV_all, mma_qk, mma_qk_rs, mma_pv, scale_log2, SharedStorage,
-        ).launch(grid=grid, block=(THREADS * w, 1, 1), smem=SharedStorage.size_in_bytes(), stream=stream,
+            sQ_layout, sK_layout, sV_layout, mma_qk, mma_qk_rs, mma_pv, scale_log2, SharedStorage,
+        ).launch(grid=grid, block=(THREADS, 1, 1), smem=SharedStorage.size_in_bytes(), stream=stream,
                  # three CTAs per SM: ptxas caps a thread at 65536 / 384 registers; the full
                  # shared-memory carveout is asked for explicitly (it also keeps the build free of
                  # the device query the DSL makes otherwise, so it cross-compiles without a GPU)
@@ -390,7 +352,7 @@ class BlockSparseFwd64Sm90(CuteKernel):
         return store, zero, sV[None, None, slot], tidx % chunks, tidx // chunks, THREADS // chunks
 
     @cute.jit
-    def zero_v_padding(self, sV: cute.Tensor, slot: Int32, keys: Int32, tidx: Int32, wg: Int32):
+    def zero_v_padding(self, sV: cute.Tensor, slot: Int32, keys: Int32, tidx: Int32):
         """V rows (keys) ``keys .. ceil16(keys) - 1`` of ring slot ``slot`` -> 0, visible to the next
         wgmma (the P V steps past ``ceil16(keys)`` are not issued, so those rows are never read):
         16-byte stores (8 elements of one key along D, contiguous under the 128-byte swizzle)."""
@@ -401,59 +363,7 @@ class BlockSparseFwd64Sm90(CuteKernel):
             if key >= keys and key < end:
                 cute.copy(store, zero, cute.local_tile(sV_slot, (V_ZERO_VEC, 1), (c, key)))
         cute.arch.fence_proxy("async.shared", space="cta")
-        self.wg_sync(wg)
-
-    @cute.jit
-    def wg_sync(self, wg: Int32):
-        """A barrier of the warpgroup's 128 threads (the CTA's when it has one warpgroup)."""
-        if const_expr(self.wgs == 1):
-            cute.arch.barrier()
-        else:
-            cute.arch.barrier(barrier_id=WG_BAR + wg, number_of_threads=THREADS)
-
-    @cute.jit
-    def v_ready(self, bar_v, sV: cute.Tensor, slot: Int32, phase: Int32, keys: Int32, st, ragged, tidx: Int32,
-                wg: Int32):
-        """V's ring slot ``slot`` landed (``phase``), its padding rows zeroed where the step has any."""
-        bar_v.wait(slot, phase)
-        if const_expr(self.packed_steps):
-            if ragged:
-                self.zero_v_pieces(sV, slot, st, tidx, wg)
-        elif keys % PV_STEP != 0:
-            self.zero_v_padding(sV, slot, keys, tidx, wg)
-
-    @cute.jit
-    def shared_turns(self, mNum: cute.Tensor, first: Int32, q_tiles: Int32, width: Int32, h: Int32,
-                     b: Int32) -> Int32:
-        """(``pingpong``) The rounds every warpgroup of the CTA (query tiles ``first ..``) takes a turn
-        in: the fewest wgmma issue points of theirs (a list of n > 0 entries has n + 1: S[0], S[j]
-        with P V[j-1], the last P V; an empty one none). Past them a warpgroup issues without turns."""
-        turns = Int32(2 ** 30)
-        for i in cutlass.range_constexpr(self.wgs):
-            t = first + i
-            n = cutlass.min(cutlass.max(mNum[cutlass.min(t, q_tiles - 1), h, b], Int32(0)), width)
-            issues = Int32(0) if t >= q_tiles or n == 0 else n + 1
-            turns = cutlass.min(turns, issues)
-        return turns
-
-    @cute.jit
-    def turn_wait(self, r: Int32, wg: Int32, n_turns: Int32):
-        """(``pingpong``) Round ``r``: warpgroup ``wg`` waits until the one before it (cyclically) has
-        issued its wgmmas of the round (warpgroup 0's first turn is free)."""
-        if const_expr(self.pingpong):
-            if r < n_turns:
-                if wg > 0 or r > 0:
-                    cute.arch.barrier(barrier_id=PP_BAR + wg, number_of_threads=2 * THREADS)
-
-    @cute.jit
-    def turn_pass(self, r: Int32, wg: Int32, n_turns: Int32):
-        """(``pingpong``) Round ``r``'s wgmmas issued: the turn passes to the next warpgroup (the last
-        one's pass of the last round is not made: no one waits for it)."""
-        if const_expr(self.pingpong):
-            if r < n_turns:
-                if wg < self.wgs - 1 or r < n_turns - 1:
-                    cute.arch.barrier_arrive(barrier_id=PP_BAR + (wg + 1) % self.wgs,
-                                             number_of_threads=2 * THREADS)
+        cute.arch.barrier()
 
     @cute.kernel
     def kernel(self, tma_atom_Q: cute.CopyAtom, mQ: cute.Tensor, tma_atom_K: cute.CopyAtom, mK: cute.Tensor,
@@ -461,12 +371,11 @@ class BlockSparseFwd64Sm90(CuteKernel):
                tma_atom_G: cute.CopyAtom, mG: cute.Tensor, mOutC: cute.Tensor,
                tma_atom_Os: cute.CopyAtom, mOs: cute.Tensor, mPrevO: cute.Tensor, tma_atom_K16: cute.CopyAtom, mK16: cute.Tensor, tma_atom_V16: cute.CopyAtom, mV16: cute.Tensor,
                mLSE: cute.Tensor, mIdx: cute.Tensor, mNum: cute.Tensor, mSizes,
-               sQ_all: cute.ComposedLayout, sK_all: cute.ComposedLayout, sV_all: cute.ComposedLayout,
+               sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout, sV_layout: cute.ComposedLayout,
                mma_qk: cute.TiledMma, mma_qk_rs: cute.TiledMma, mma_pv: cute.TiledMma, scale_log2: Float32,
                SharedStorage: cutlass.Constexpr):
         d = self.head_dim
         dt = _CUTE_DTYPES[self.dtype_name]
-        w = self.wgs
         tidx, _, _ = cute.arch.thread_idx()
         qt, h, b = cute.arch.block_idx()
         # The tile / head / batch coordinates feed every TMA issue in the loop; read once and held
@@ -475,29 +384,15 @@ class BlockSparseFwd64Sm90(CuteKernel):
         qt = cute.arch.make_warp_uniform(qt)
         h = cute.arch.make_warp_uniform(h)
         b = cute.arch.make_warp_uniform(b)
-        warp_cta = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-        warp_idx = warp_cta  # (the warp within its warpgroup: warp 0 issues the warpgroup's loads)
-        wg = Int32(0)
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         seqlen_q = mQ.shape[0]
         seqlen_k = mK.shape[0]
         width = mIdx.shape[0]
-        q_tiles = cute.ceil_div(seqlen_q, BLOCK)
-        qt_r = qt  # the query tile whose list, Q, gate and out_c rows are read (qt clamped: see below)
-        if const_expr(w > 1):  # warpgroup wg of the CTA takes query tile qt * w + wg
-            wg = cute.arch.make_warp_uniform(tidx // THREADS)
-            tidx = tidx % THREADS
-            warp_idx = warp_cta % (THREADS // 32)
-            qt = qt * w + wg
-            # a warpgroup past the last tile (the grid's last CTA) runs as an empty tile on the last
-            # tile's inputs (no list entry: out 0) and stores nothing (its rows are past the sequence:
-            # the TMA unit clips the O store, the LSE store is guarded by the row)
-            qt_r = cutlass.min(qt, q_tiles - 1)
         ks, vs = self.k_stages, self.v_stages
-        tx = {"q": cute.size_in_bytes(dt, cute.slice_(sQ_all, (None, None, 0))),
-              "k": cute.size_in_bytes(dt, cute.slice_(sK_all, (None, None, 0, 0))),
-              "v": cute.size_in_bytes(dt, cute.slice_(sV_all, (None, None, 0, 0)))}
+        tx = {"q": cute.size_in_bytes(dt, sQ_layout), "k": cute.size_in_bytes(dt, cute.slice_(sK_layout, (None, None, 0))),
+              "v": cute.size_in_bytes(dt, cute.slice_(sV_layout, (None, None, 0)))}
 
-        if warp_cta == 0:
+        if warp_idx == 0:
             for atom in (tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_O):
                 cpasync.prefetch_descriptor(atom)
             if const_expr(self.fuse_gate):
@@ -511,19 +406,16 @@ class BlockSparseFwd64Sm90(CuteKernel):
         storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
         tma_op = pipeline.PipelineOp.TmaLoad
         one = pipeline.CooperativeGroup(pipeline.Agent.Thread)
-        # (CTA warp 0 initialises every warpgroup's barriers; each warpgroup then sees its own)
-        bar_q = pipeline.MbarrierArray(storage.bar_q.data_ptr(), num_stages=w, agent=(tma_op, one))
-        bar_k = pipeline.MbarrierArray(storage.bar_k.data_ptr(), num_stages=ks * w, agent=(tma_op, one))
-        bar_v = pipeline.MbarrierArray(storage.bar_v.data_ptr(), num_stages=vs * w, agent=(tma_op, one))
+        bar_q = pipeline.MbarrierArray(storage.bar_q.data_ptr(), num_stages=1, agent=(tma_op, one))
+        bar_k = pipeline.MbarrierArray(storage.bar_k.data_ptr(), num_stages=ks, agent=(tma_op, one))
+        bar_v = pipeline.MbarrierArray(storage.bar_v.data_ptr(), num_stages=vs, agent=(tma_op, one))
         cute.arch.mbarrier_init_fence()
-        if const_expr(w > 1):
-            bar_q, bar_k, bar_v = _barrier_view(bar_q, wg), _barrier_view(bar_k, wg * ks), _barrier_view(bar_v, wg * vs)
 
-        sQ = storage.sQ.get_tensor(sQ_all.outer, swizzle=sQ_all.inner)[None, None, wg]
-        sK = storage.sK.get_tensor(sK_all.outer, swizzle=sK_all.inner)[None, None, None, wg]
-        sV = storage.sV.get_tensor(sV_all.outer, swizzle=sV_all.inner)[None, None, None, wg]
+        sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
+        sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
+        sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
 
-        gQ = cute.local_tile(mQ[None, None, h, b], (BLOCK, d), (qt_r, 0))
+        gQ = cute.local_tile(mQ[None, None, h, b], (BLOCK, d), (qt, 0))
         gK = cute.local_tile(mK[None, None, h, b], (BLOCK, d), (None, 0))  # (64, D, kv tiles)
         gV = cute.local_tile(mV[None, None, h, b], (d, BLOCK), (0, None))  # (D, 64, kv tiles)
         gO = cute.local_tile(mO[None, None, h, b], (BLOCK, d), (qt, 0))
@@ -580,7 +472,7 @@ class BlockSparseFwd64Sm90(CuteKernel):
         if warp_idx == 0:
             bar_q.arrive_and_expect_tx(0, tx["q"])
             cute.copy(tma_atom_Q, tQgQ, tQsQ, tma_bar_ptr=bar_q.get_barrier(0))
-        gIdx = _uniform_base(mIdx[None, qt_r, h, b])
+        gIdx = _uniform_base(mIdx[None, qt, h, b])
         n_cur = gIdx[0]
         # (packed_steps) the step list's words (``step_keys``): the step before, this one, the next
         st_prev = st_cur = st_nxt = None
@@ -590,13 +482,7 @@ class BlockSparseFwd64Sm90(CuteKernel):
             for c in cutlass.range_constexpr(STEP_WORDS):
                 st_cur[c] = gIdx[c]
             width = width // STEP_WORDS
-        count = cutlass.min(cutlass.max(mNum[qt_r, h, b], Int32(0)), width)
-        if const_expr(w > 1):
-            if qt >= q_tiles:
-                count = Int32(0)
-        n_turns = Int32(0)  # (pingpong) the rounds in which every warpgroup of the CTA takes its turn
-        if const_expr(self.pingpong):
-            n_turns = self.shared_turns(mNum, qt - wg, q_tiles, width, h, b)
+        count = cutlass.min(cutlass.max(mNum[qt, h, b], Int32(0)), width)
 
         if count > 0:
             # Prologue: K[0 .. ks-1] fill the K ring, V[0 .. vs-2] the V ring (V[j + vs - 2] is
@@ -643,9 +529,7 @@ class BlockSparseFwd64Sm90(CuteKernel):
             bar_q.wait(0, 0)
             if const_expr(self.q_regs > 0):
                 self.load_q_regs(mma_qk_rs, sQ, tSrQr, tidx)
-            self.turn_wait(Int32(0), wg, n_turns)
             self.gemm_s(mma_qk, mma_qk_rs, acc_S, tSrQ, tSrQr, tSrK[None, None, None, 0])
-            self.turn_pass(Int32(0), wg, n_turns)
             warpgroup.wait_group(0)
             if warp_idx == 0 and ks < count:  # K[ks] into the slot S[0] freed
                 if const_expr(self.packed_steps):
@@ -700,17 +584,17 @@ class BlockSparseFwd64Sm90(CuteKernel):
                                        n_cur if const_expr(vs == 2) else n_next)
                 k_slot = j % ks
                 bar_k.wait(k_slot, (j // ks) % 2)
-                prev = (j - 1) % vs
-                if const_expr(self.pingpong):  # both operands in place before the turn is taken
-                    self.v_ready(bar_v, sV, prev, ((j - 1) // vs) % 2, keys_prev, st_prev, ragged_prev, tidx, wg)
-                    self.turn_wait(j, wg, n_turns)
                 self.gemm_s(mma_qk, mma_qk_rs, acc_S, tSrQ, tSrQr, tSrK[None, None, None, k_slot])
                 if const_expr(not self.lazy_rescale):  # beside S[j] (lazy: after P V[j-1], below)
                     self.rescale_o(acc_O_mn, alpha, num_rows)
-                if const_expr(not self.pingpong):
-                    self.v_ready(bar_v, sV, prev, ((j - 1) // vs) % 2, keys_prev, st_prev, ragged_prev, tidx, wg)
+                prev = (j - 1) % vs
+                bar_v.wait(prev, ((j - 1) // vs) % 2)
+                if const_expr(self.packed_steps):
+                    if ragged_prev:
+                        self.zero_v_pieces(sV, prev, st_prev, tidx)
+                elif keys_prev % PV_STEP != 0:
+                    self.zero_v_padding(sV, prev, keys_prev, tidx)
                 self.gemm_pv(mma_pv, acc_O, rP, tOrV[None, None, None, prev], keys_prev)
-                self.turn_pass(j, wg, n_turns)
                 warpgroup.wait_group(1)  # S[j] retired; P V[j-1] may still run
                 if warp_idx == 0 and j + ks < count:
                     if const_expr(self.packed_steps):
@@ -737,22 +621,24 @@ class BlockSparseFwd64Sm90(CuteKernel):
             # ---- drain: P V[count-1]; every S has retired, so the gate tile can take a K slot
             if const_expr(self.fuse_gate):
                 if warp_idx == 0:
-                    self.load_gate(tma_atom_G, mG, sK, bar_k, tx["k"], count % ks, qt_r, h, b)
+                    self.load_gate(tma_atom_G, mG, sK, bar_k, tx["k"], count % ks, qt, h, b)
             last = (count - 1) % vs
             if const_expr(not self.lazy_rescale):  # (lazy: done at the end of the last step)
                 self.rescale_o(acc_O_mn, alpha, num_rows)
-            # (st_cur: the last step's words)
-            self.v_ready(bar_v, sV, last, ((count - 1) // vs) % 2, keys_prev, st_cur, ragged_prev, tidx, wg)
-            self.turn_wait(count, wg, n_turns)
+            bar_v.wait(last, ((count - 1) // vs) % 2)
+            if const_expr(self.packed_steps):
+                if ragged_prev:  # (st_cur: the last step's words)
+                    self.zero_v_pieces(sV, last, st_cur, tidx)
+            elif keys_prev % PV_STEP != 0:
+                self.zero_v_padding(sV, last, keys_prev, tidx)
             self.gemm_pv(mma_pv, acc_O, rP, tOrV[None, None, None, last], keys_prev)
-            self.turn_pass(count, wg, n_turns)
             warpgroup.wait_group(0)
 
         else:
             bar_q.wait(0, 0)  # Q landed before its buffer takes O
             if const_expr(self.fuse_gate):
                 if warp_idx == 0:
-                    self.load_gate(tma_atom_G, mG, sK, bar_k, tx["k"], Int32(0), qt_r, h, b)
+                    self.load_gate(tma_atom_G, mG, sK, bar_k, tx["k"], Int32(0), qt, h, b)
 
         # ---- epilogue: normalise, LSE, O through Q's buffer by TMA
         tOcO_mn = layout_utils.reshape_acc_to_mn(thr_pv.partition_C(cute.make_identity_tensor((BLOCK, d))))
@@ -772,11 +658,11 @@ class BlockSparseFwd64Sm90(CuteKernel):
         # this thread's columns of the tile's out_c row (with merge_prev read where used: registers)
         if const_expr(self.fuse_gate and not self.merge_prev):
             for c in cutlass.range_constexpr(num_cols):
-                oc[c] = Float32(mOutC[tOcO_mn[0, c][1], qt_r, h, b])
+                oc[c] = Float32(mOutC[tOcO_mn[0, c][1], qt, h, b])
         lse_prev = cute.make_rmem_tensor((num_rows,), Float32)  # (merge_prev) the earlier ranges' LSEs
         if const_expr(self.merge_prev):
             for r in cutlass.range_constexpr(num_rows):
-                lse_prev[r] = mLSE[qt_r * BLOCK + tOcO_mn[r, 0][0], h, b]
+                lse_prev[r] = mLSE[qt * BLOCK + tOcO_mn[r, 0][0], h, b]
             cute.arch.sync_warp()  # every lane of a row has read its LSE before one of them writes it
         for r in cutlass.range_constexpr(num_rows):
             total = cute.arch.warp_reduction_sum(row_sum[r], threads_in_group=4)
@@ -786,11 +672,11 @@ class BlockSparseFwd64Sm90(CuteKernel):
             for c in cutlass.range_constexpr(num_cols):
                 acc_O_mn[r, c] = Float32(0.0) if empty else acc_O_mn[r, c] * inv
                 if const_expr(self.merge_prev):
-                    o_prev = Float32(mPrevO[qt_r * BLOCK + tOcO_mn[r, c][0], tOcO_mn[r, c][1], h, b])
+                    o_prev = Float32(mPrevO[qt * BLOCK + tOcO_mn[r, c][0], tOcO_mn[r, c][1], h, b])
                     acc_O_mn[r, c] = acc_O_mn[r, c] * a_this + o_prev * a_prev
                 if const_expr(self.fuse_gate and not self.store_out_s):
                     # out = out_s + gate * out_c[q tile] (fp32, rounded once)
-                    oc_c = self.out_c_at(mOutC, oc, tOcO_mn, c, qt_r, h, b)
+                    oc_c = self.out_c_at(mOutC, oc, tOcO_mn, c, qt, h, b)
                     acc_O_mn[r, c] = acc_O_mn[r, c] + Float32(rG_mn[r, c]) * oc_c
             row = qt * BLOCK + tOcO_mn[r, 0][0]
             if tOcO_mn[r, 0][1] == 0 and row < seqlen_q:
@@ -801,13 +687,13 @@ class BlockSparseFwd64Sm90(CuteKernel):
             rOs.store(acc_O.load().to(dt))
             for r in cutlass.range_constexpr(num_rows):
                 for c in cutlass.range_constexpr(num_cols):
-                    oc_c = self.out_c_at(mOutC, oc, tOcO_mn, c, qt_r, h, b)
+                    oc_c = self.out_c_at(mOutC, oc, tOcO_mn, c, qt, h, b)
                     acc_O_mn[r, c] = acc_O_mn[r, c] + Float32(rG_mn[r, c]) * oc_c
         rO = cute.make_rmem_tensor_like(acc_O, dt)
         rO.store(acc_O.load().to(dt))
         # every warp's wgmma reads of Q are done before Q's buffer takes O (and, with the gate,
         # every thread's gate reads before its K slot takes out_s)
-        self.wg_sync(wg)
+        cute.arch.barrier()
         sO = sQ
         if const_expr(self.stmatrix_epilogue):  # stmatrix: 4 8x8 matrices per instruction
             st_o = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(num_matrices=4), dt)
@@ -818,7 +704,7 @@ class BlockSparseFwd64Sm90(CuteKernel):
         if const_expr(self.store_out_s):
             cute.copy(thr_copy_O, thr_copy_O.retile(rOs), thr_copy_O.partition_D(sK[None, None, g_slot]))
         cute.arch.fence_proxy("async.shared", space="cta")
-        self.wg_sync(wg)
+        cute.arch.barrier()
         if warp_idx == 0:
             tOsO, tOgO = cpasync.tma_partition(tma_atom_O, 0, unit, cute.group_modes(sO, 0, 2),
                                                cute.group_modes(gO, 0, 2))
@@ -921,7 +807,7 @@ class BlockSparseFwd64Sm90(CuteKernel):
                     self.load_piece(pieces16, bar, slot, w >> STEP_PIECE_SHIFT, c, is_v)
 
     @cute.jit
-    def zero_v_pieces(self, sV: cute.Tensor, slot: Int32, st: cute.Tensor, tidx: Int32, wg: Int32):
+    def zero_v_pieces(self, sV: cute.Tensor, slot: Int32, st: cute.Tensor, tidx: Int32):
         """(``packed_steps``) V rows of ring slot ``slot`` past each used piece's valid keys -> 0 (the
         padding rows of a ragged piece, which the P V step of its piece reads), as
         :meth:`zero_v_padding` does for one tile. ``keys_per_pass`` (8 or 16) divides a piece, so
@@ -934,7 +820,7 @@ class BlockSparseFwd64Sm90(CuteKernel):
             if keys > 0 and off >= keys:
                 cute.copy(store, zero, cute.local_tile(sV_slot, (V_ZERO_VEC, 1), (c, k0 + i * keys_per_pass)))
         cute.arch.fence_proxy("async.shared", space="cta")
-        self.wg_sync(wg)
+        cute.arch.barrier()
 
     @cute.jit
     def load_gate(self, tma_atom_G, mG: cute.Tensor, sK: cute.Tensor, bar_k, tx_bytes: cutlass.Constexpr,
