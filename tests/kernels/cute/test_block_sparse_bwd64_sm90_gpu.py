@@ -82,18 +82,12 @@ WS_NARROW_DEEP = ["ws:narrow_dq=1,q_stages=4", "ws:narrow_dq=1,p_stages=2", "ws:
 WS_FLAT = "ws:narrow_dq=1,p_stages=2,flat_dq=1"
 WS_FLAT_GROUPS = WS_FLAT + ",group_blocks=3,group_min_blocks=0"
 WS_FLAT_ALL = "ws:flat_dq=1,p_stages=2,q_stages=2,dq_stages=2,group_blocks=2,group_min_blocks=0"
-# WG2 issues the next step's dP^T behind dQ and dK (dp_ahead; written 2026-12-05, fifteenth session:
-# its first GPU run decides): on the route's configuration, with q groups, and with every ring
-# double-buffered
-WS_AHEAD = WS_FLAT + ",dp_ahead=1"
-WS_AHEAD_GROUPS = WS_AHEAD + ",group_blocks=3,group_min_blocks=0"
-WS_AHEAD_ALL = WS_FLAT_ALL + ",dp_ahead=1"
 # the single-warpgroup kernel rebuilt (dq_reduce="flat", 2026-12-04): dQ with dK in one group, staged in
 # register order into the step's Q/dO slots, two 16 KB bulk reductions; dS by stmatrix
 FLAT = "flat"
 MAINS = ["atomic", FLAT, "ws", WS_GROUPS, WS_ALL, WS_SMEM_KV, WS_GROUPS_REDG, WS_NARROW_DQ,
          WS_NARROW_DQ_GROUPS, *WS_NARROW_DEEP, WS_FLAT, WS_FLAT_GROUPS,
-         WS_FLAT_ALL, WS_AHEAD, WS_AHEAD_GROUPS, WS_AHEAD_ALL]  # the single-warpgroup kernel and the WS one
+         WS_FLAT_ALL]  # the single-warpgroup kernel and the WS one
 
 
 def _route_config() -> str:

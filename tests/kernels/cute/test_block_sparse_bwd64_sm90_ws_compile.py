@@ -149,30 +149,3 @@ def test_flat_dq_build_stages_dq_conflict_free_and_adds_it_by_one_bulk_reduction
     from fastvideo_cute.compile_check import inflight_operand_writes
 
     assert inflight_operand_writes(report.sass) == [], report.line
-
-
-def test_dp_ahead_build_issues_the_next_dp_behind_dq_and_dk():
-    """``dp_ahead`` on the route's build: WG2 issues the next step's dP^T = V dO^T behind dQ and dK
-    (one more dP^T site before the loop: 8 more HGMMA than the route's 34), waits for dQ and dK only
-    (``DEPBAR.LE gsb0, 0x1``), wgmmas not serialised (a dK still in flight into the next step made
-    ptxas serialise all of them, C7515), and nothing written on V's registers (dP^T's A operand) while
-    that dP^T runs. Without ``flat_dq`` it is refused: that build had such a write."""
-    from functools import partial
-
-    from fastvideo_cute.compile_check import build_report, inflight_operand_writes
-    from fastvideo_cute.kernels.cute import CuteKernelSpec
-    from fastvideo_cute.kernels.cute.block_sparse_bwd64 import sm90_ws_main_kernel
-
-    make = partial(sm90_ws_main_kernel, narrow_dq=True, p_stages=2, flat_dq=True, dp_ahead=True)
-    spec = CuteKernelSpec(name=NAME + "_dp_ahead", archs=("sm_90a",), make=make,
-                          expect=("HGMMA", "UBLKRED", "USETMAXREG"))
-    report = build_report(spec, "sm_90a")
-    print(report.line)
-    assert report.ok and report.spill == 0, report.line
-    assert report.count("HGMMA") == 42, report.line
-    assert report.count("WARPGROUP.DEPBAR") <= 12, report.line
-    assert report.sass.count("WARPGROUP.DEPBAR.LE gsb0, 0x1") >= 1
-    assert inflight_operand_writes(report.sass) == [], report.line
-    assert make().config()["dp_ahead"] is True
-    with pytest.raises(ValueError, match="dp_ahead needs flat_dq"):
-        sm90_ws_main_kernel(dp_ahead=True)

@@ -106,8 +106,7 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
     name = "block_sparse_bwd64_sm90_ws"
 
     def __init__(self, q_stages: int = 3, p_stages: int = 1, dq_stages: int = 1, kv_regs: bool = True,
-                 grouped: bool = False, bulk_dkv: bool = True, narrow_dq: bool = False, flat_dq: bool = False,
-                 dp_ahead: bool = False):
+                 grouped: bool = False, bulk_dkv: bool = True, narrow_dq: bool = False, flat_dq: bool = False):
         """``q_stages``: depth of the Q and dO rings; ``p_stages`` / ``dq_stages``: buffers of the
         P^T hand-off and of the dQ staging tile (1 or 2: with 2 the producing side runs a step
         ahead); ``kv_regs``: WG1 holds K and WG2 holds V in registers (S^T and dP^T as RS wgmma,
@@ -129,12 +128,7 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
         (``dq_accum`` rows ``64 rb .. 64 rb + 63`` hold q block ``rb``'s tile in that order: the caller runs
         ``BlockSparseBwd64PostprocessFrag``), instead of the 128-byte swizzled tile, whose 64-bit stores
         from the m64n128 fragment take two-way bank conflicts (half the staging's shared-memory
-        wavefronts are replays: Nsight Compute, 2026-12-03); ``dp_ahead``: WG2 issues the next step's
-        dP^T = V dO^T right behind this step's dQ and dK and waits for those two only, so the next dP^T
-        runs while WG2 stages dQ and the next step starts with it done (the last step issues it on its
-        own dO slot, which no load overwrites any more, and drops it; step 0's is issued before the
-        loop). dK is then done before the staging instead of beside it: a dK still in flight into the
-        next step made ptxas serialise every wgmma (C7515)."""
+        wavefronts are replays: Nsight Compute, 2026-12-03)."""
         for name, v in (("p_stages", p_stages), ("dq_stages", dq_stages)):
             if v not in (1, MAX_STAGES):
                 raise ValueError(f"{name} must be 1 or {MAX_STAGES}, got {v}")
@@ -144,21 +138,17 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
         if need > SMEM_LIMIT:
             raise ValueError(f"q_stages={q_stages}, p_stages={p_stages}, dq_stages={dq_stages} need {need} B of "
                              f"shared memory, more than the {SMEM_LIMIT} B a CTA has on sm_90")
-        if dp_ahead and not flat_dq:  # the swizzled staging's build writes on V's registers in flight
-            raise ValueError("dp_ahead needs flat_dq: only the flat dQ staging's builds were checked free of "
-                             "writes on the in-flight dP^T's register operand (V)")
         self.dtype = cutlass.BFloat16
         self.q_stages, self.p_stages, self.dq_stages = int(q_stages), int(p_stages), int(dq_stages)
         self.kv_regs, self.grouped = bool(kv_regs), bool(grouped)
         self.bulk_dkv = bool(bulk_dkv) and self.grouped
         self.narrow_dq = bool(narrow_dq)
         self.flat_dq = bool(flat_dq)
-        self.dp_ahead = bool(dp_ahead)
 
     def config(self):
         return {"q_stages": self.q_stages, "p_stages": self.p_stages, "dq_stages": self.dq_stages,
                 "kv_regs": self.kv_regs, "grouped": self.grouped, "bulk_dkv": self.bulk_dkv,
-                "narrow_dq": self.narrow_dq, "flat_dq": self.flat_dq, "dp_ahead": self.dp_ahead}
+                "narrow_dq": self.narrow_dq, "flat_dq": self.flat_dq}
 
     # ------------------------------------------------------------------ host side
     @cute.jit
@@ -467,18 +457,13 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
             cute.arch.fence_proxy("async.shared", space="cta")
             cute.arch.barrier(barrier_id=WG2_SYNC, number_of_threads=WG)
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.q_stages)
-        if const_expr(self.dp_ahead):  # step 0's dP^T (issued on every path, dropped when the list is empty)
-            if count > 0:
-                pipe_do.consumer_wait(state)
-            wgmma_gemm(mma_s, acc_dP, tPrV, tPrdO[None, None, None, state.index], True)
         for t in cutlass.range(count, unroll=1):
             s = state.index
             ps = t % self.p_stages
             d = t % self.dq_stages
             pipe_q.consumer_wait(state)
-            if const_expr(not self.dp_ahead):
-                pipe_do.consumer_wait(state)
-                wgmma_gemm(mma_s, acc_dP, tPrV, tPrdO[None, None, None, s], True)
+            pipe_do.consumer_wait(state)
+            wgmma_gemm(mma_s, acc_dP, tPrV, tPrdO[None, None, None, s], True)
             for c in cutlass.range_constexpr(num_cols):
                 delta[c] = sDelta[tScS_mn[0, c][1], s]
             cute.arch.barrier(barrier_id=P_READY + ps, number_of_threads=2 * WG)
@@ -494,18 +479,7 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
             cute.arch.barrier(barrier_id=WG2_SYNC, number_of_threads=WG)
             self.gemm_dq(mma_dq, acc_dQ, tQrdS, tQrKt, size)
             wgmma_gemm(mma_kv, acc_dK, rdS, tKrQt[None, None, None, s], False)
-            if const_expr(self.dp_ahead):  # the next step's dP^T behind them (the last step: on slot s, dropped)
-                nxt = state.clone()
-                nxt.advance()
-                slot = s
-                if t + 1 < count:
-                    pipe_do.consumer_wait(nxt)
-                    slot = nxt.index
-                wgmma_gemm(mma_s, acc_dP, tPrV, tPrdO[None, None, None, slot], True)
-                warpgroup.wait_group(1)  # dQ and dK done (the next dP^T may still run)
-                pipe_q.consumer_release(state)
-            else:
-                warpgroup.wait_group(1)  # dQ done (dK may still run)
+            warpgroup.wait_group(1)  # dQ done (dK may still run)
             cute.arch.barrier(barrier_id=DQ_FREE + d, number_of_threads=WG + 32)
             if const_expr(self.flat_dq):
                 self.stage_dq_flat(acc_dQ, storage.sdQ.data_ptr() + d * (BLOCK * HEAD_DIM), wtid)
@@ -513,12 +487,9 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
                 cute.autovec_copy(acc_dQ, tQsdQ[None, None, None, d])
             cute.arch.fence_proxy("async.shared", space="cta")
             cute.arch.barrier_arrive(barrier_id=DQ_FULL + d, number_of_threads=WG + 32)
-            if const_expr(not self.dp_ahead):
-                warpgroup.wait_group(0)
-                pipe_q.consumer_release(state)
+            warpgroup.wait_group(0)
+            pipe_q.consumer_release(state)
             state.advance()
-        if const_expr(self.dp_ahead):
-            warpgroup.wait_group(0)  # the dropped dP^T (on every path, as it was issued)
         if const_expr(self.bulk_dkv):  # into the Q ring, once WG1 (its other reader) is done
             cute.arch.barrier(barrier_id=EPI_SYNC, number_of_threads=2 * WG)
             self.bulk_add_rows(acc_dK, thr_kv, storage.sQ.data_ptr(), mdK, (bh * nb + kv) * BLOCK, size, sm_scale,
