@@ -252,3 +252,40 @@ def test_full_q_in_registers_at_three_ctas_is_serialised():
     and the option's limit can move)."""
     report = _variant_report(expect=("HGMMA",), forbid=(), q_regs=128)
     assert report.spill > 0 and _serialised_wgmma(report.sass) > 30, report.line
+
+
+@pytest.mark.parametrize("config", [{}, {"packed_steps": True}, {"head_dim": 64}, {"has_block_sizes": False}],
+                         ids=["pairs", "pairs-packed", "pairs-d64", "pairs-nosizes"])
+def test_pair_steps_build_within_two_ctas_and_pipelined(config):
+    """The pair-step build (``block_sparse_fwd64_sm90_pairs``: two list entries a step): no spill
+    within two CTAs per SM (measured 232 registers at head_dim 128, 226 packed, 186 at 64), wgmmas
+    pipelined (4 waits), Q in registers (one ldmatrix per 16 columns, S as RS wgmma: 2 halves x
+    D/16 k-steps at two issue sites) and no write to P V's in-flight operand (without the never-taken
+    read of P after the wait, ptxas put 26 softmax results on P's registers)."""
+    report = _variant_report(pair_steps=True, **config)
+    print(report.line)
+    d = config.get("head_dim", 128)
+    assert report.ok and report.spill == 0, report.line
+    assert report.regs <= 255, report.line
+    assert _serialised_wgmma(report.sass) <= 6, report.line
+    assert report.sass.count("WARPGROUP.DEPBAR.LE gsb0, 0x1") >= 1, report.line
+    assert inflight_operand_writes(report.sass) == [], report.line
+    assert report.count("LDSM") == d // 16, report.line
+    rs_s = re.findall(r"HGMMA\.64x64x16\.F32\.\w+ R\d+, R\d+, gdesc\[\w+\],", report.sass)
+    assert len(rs_s) == 2 * 2 * d // 16, report.line
+    assert report.count("VOTE.ALL") == 2, report.line  # one row-max vote per softmax site
+
+
+def test_pair_steps_refuses_what_it_does_not_build():
+    from fastvideo_cute.kernels.cute.block_sparse_fwd64 import sm90_kernel
+
+    for key in ("fuse_gate", "merge_prev", "partial_loads"):
+        with pytest.raises(ValueError, match=key):
+            sm90_kernel("bfloat16", 128, **{key: True, "pair_steps": True})
+    with pytest.raises(ValueError, match="ctas_per_sm"):
+        sm90_kernel("bfloat16", 128, pair_steps=True, ctas_per_sm=3)
+    with pytest.raises(TypeError, match="k_halves"):
+        sm90_kernel("bfloat16", 128, pair_steps=True, k_halves=2)
+    assert sm90_kernel("float16", 64, has_block_sizes=False, pair_steps=True, packed_steps=True).config() == {
+        "dtype": "float16", "head_dim": 64, "has_block_sizes": False, "pair_steps": True, "ctas_per_sm": 2,
+        "lazy_rescale": True, "lazy_vote": True, "packed_steps": True}
