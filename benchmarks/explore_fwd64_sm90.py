@@ -38,8 +38,7 @@ def ours(q, k, v, idx, num, sizes, *, bshd: bool, gate=None, out_c=None, variant
 _VARIANT_KEYS = {"k": "k_stages", "v": "v_stages", "c": "ctas_per_sm"}
 _VARIANT_FLAGS = {"l": ("lazy_rescale", True), "e": ("lazy_rescale", False), "u": ("lazy_vote", True),
                   "n": ("lazy_vote", False), "p": ("partial_loads", True), "t": ("narrow_tiles", True),
-                  "w": ("narrow_tiles", False), "x": ("packed_steps", True),
-                  "y": ("pair_steps", True), "o": ("pv_overlap", False)}
+                  "w": ("narrow_tiles", False), "x": ("packed_steps", True)}
 
 
 def parse_variant(spec: str) -> dict:
@@ -47,8 +46,7 @@ def parse_variant(spec: str) -> dict:
     q_regs=112 (Q's first 112 columns in registers: those k-steps of S as RS wgmma; ``q`` alone:
     128); the flags ``l`` / ``e`` (lazy_rescale on / off), ``u`` / ``n`` (lazy_vote on / off) and
     ``p`` (partial_loads), ``t`` / ``w`` (narrow_tiles on / off) and ``x`` (packed_steps: the lists
-    packed by ``pack_steps`` inside the timed call), ``y`` (pair_steps: the list two entries a step,
-    ``block_sparse_fwd64_sm90_pairs``; with ``o``: its P V not overlapped with the softmax) anywhere, e.g.
+    packed by ``pack_steps`` inside the timed call) anywhere, e.g.
     ``"q112l"`` (the kernel's defaults for what is left out; ``"base"`` is the default build)."""
     import re
 

@@ -25,9 +25,7 @@ of a tile of at most 16 / 32 keys on the quarter / half of a thread's columns th
 ``packed_steps`` (``packed``; written 2026-12-04 without a GPU: its first H200 run decides): the
 lists packed by ``pack_steps`` so that every whole tile is a step and the 16-key pieces of the
 partial tiles go four to a step from any tiles (ragged pieces: K masked per piece, V's padding rows
-zeroed per piece); the random-sizes case packs pieces of every size. And ``pair_steps`` (``pairs``, ``pairs-packed``; written 2026-12-06: the list walked two entries a
-step, 128 keys, ``block_sparse_fwd64_sm90_pairs``), without the gate.
-``test_every_list_length`` walks lists of 0-8 entries with
+zeroed per piece); the random-sizes case packs pieces of every size. ``test_every_list_length`` walks lists of 0-8 entries with
 and without the gate, so every ring phase of the K/V slots and of the gate's slot is reached. ``test_lazy_rescale_*`` build score sequences whose max climbs in steps below and
 above the threshold, and one that only falls, so that both branches of the rescale run.
 
@@ -53,15 +51,7 @@ OUT_TOL = {torch.bfloat16: 1.6e-2, torch.float16: 2e-3}
 
 VARIANTS = {"default": None, "q112": {"q_regs": 112}, "eager": {"lazy_rescale": False},
             "novote": {"lazy_vote": False}, "partial": {"partial_loads": True},
-            "wide": {"narrow_tiles": False}, "packed": {"packed_steps": True},
-            "pairs": {"pair_steps": True}, "pairs-packed": {"pair_steps": True, "packed_steps": True},
-            "pairs-serial": {"pair_steps": True, "pv_overlap": False}}
-
-
-def _skip_gated(variant):
-    """The pair-step build takes no gate (``block_sparse_fwd64_sm90_pairs``: it refuses one)."""
-    if variant and variant.get("pair_steps"):
-        pytest.skip("pair_steps has no fused gate")
+            "wide": {"narrow_tiles": False}, "packed": {"packed_steps": True}}
 
 
 @pytest.fixture(params=list(VARIANTS), ids=list(VARIANTS))
@@ -188,8 +178,6 @@ def test_every_list_length(gated, variant):
     gate, its tile in the K slots after every possible number of K loads. ``train`` (the gate with
     ``out_s``, whose epilogue stages out_s in the gate's K slot): out_s is the plain call's out bit
     for bit, out the inference gate build's."""
-    if gated:
-        _skip_gated(variant)
     B, H, S, D = 1, 2, 768, 128
     q, k, v, bm, sizes = _case(False, B, H, S, S, D, torch.bfloat16, {4: 23}, seed=11)
     g = torch.Generator(device="cuda").manual_seed(12)
@@ -241,7 +229,6 @@ def test_65536_tokens_run_to_run_bitwise(variant):
 
 @pytest.mark.parametrize("bshd", [False, True], ids=["bhsd", "bshd"])
 def test_fused_gate_matches_reference(bshd, variant):
-    _skip_gated(variant)
     q, k, v, bm, sizes = _case(bshd, 2, 2, 512, 512, 128, torch.bfloat16, {2: 0, 5: 17, 7: 32})
     _poison_padding(v, sizes, bshd, float("inf"))
     g = torch.Generator(device="cuda").manual_seed(5)

@@ -60,11 +60,5 @@ def sm90_kernel(dtype: str = "bfloat16", head_dim: int = 128, has_block_sizes: b
                 **pipeline):
     """The sm_90 kernel object for one static configuration (``fuse_gate``: the VSA gate
     composition in the epilogue, verified on the H200; ``pipeline``: ``k_stages``, ``v_stages``, ``ctas_per_sm``,
-    ``stmatrix_epilogue``, the kernel's defaults when left out; ``pair_steps=True``: the build that
-    walks its list two entries a step, ``block_sparse_fwd64_sm90_pairs``)."""
-    if pipeline.get("pair_steps"):
-        from .block_sparse_fwd64_sm90_pairs import BlockSparseFwd64Sm90Pairs
-
-        return BlockSparseFwd64Sm90Pairs(dtype, head_dim, has_block_sizes=has_block_sizes, fuse_gate=fuse_gate,
-                                         **pipeline)
+    ``stmatrix_epilogue``, the kernel's defaults when left out)."""
     return sm90_kernel_class()(dtype, head_dim, has_block_sizes=has_block_sizes, fuse_gate=fuse_gate, **pipeline)
