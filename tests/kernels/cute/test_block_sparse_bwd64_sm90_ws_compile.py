@@ -149,3 +149,43 @@ def test_flat_dq_build_stages_dq_conflict_free_and_adds_it_by_one_bulk_reduction
     from fastvideo_cute.compile_check import inflight_operand_writes
 
     assert inflight_operand_writes(report.sass) == [], report.line
+
+
+def test_bf16_p_and_red_dq_builds_move_the_hand_offs_as_described():
+    """On the route's flat build: ``bf16_p`` hands P^T over by four 128-bit stores and loads a thread
+    (bf16) instead of sixteen 64-bit ones (fp32); ``red_dq`` adds dQ by 16 ``red.global.add.v4.f32`` a
+    thread (REDG.E.ADD.F32x4) with no staging stores and no bulk reduce-add; the MMAs stay the flat
+    build's 34 HGMMA, no spill, wgmmas not serialised, no register written under an in-flight RS
+    wgmma."""
+    from functools import partial
+
+    from fastvideo_cute.compile_check import build_report, inflight_operand_writes
+    from fastvideo_cute.kernels.cute import CuteKernelSpec
+    from fastvideo_cute.kernels.cute.block_sparse_bwd64 import sm90_ws_main_kernel
+
+    flat = dict(narrow_dq=True, p_stages=2, flat_dq=True)
+    counts = {}
+    for name, extra in (("flat", {}), ("bf16_p", dict(bf16_p=True)), ("red_dq", dict(red_dq=True))):
+        make = partial(sm90_ws_main_kernel, **flat, **extra)
+        spec = CuteKernelSpec(name=f"{NAME}_{name}", archs=("sm_90a",), make=make, expect=("HGMMA", "USETMAXREG"))
+        report = build_report(spec, "sm_90a")
+        print(report.line)
+        assert report.ok and report.spill == 0, report.line
+        assert report.count("HGMMA") == 34 and report.count("WARPGROUP.DEPBAR") <= 12, report.line
+        assert inflight_operand_writes(report.sass) == [], name
+        counts[name] = {op: len(re.findall(op + r" ", report.sass)) for op in ("STS.128", "LDS.128", "STS.64", "LDS.64")}
+        counts[name]["REDG4"] = len(re.findall(r"REDG\.E\.ADD\.F32x4", report.sass))
+        counts[name]["UBLKRED"] = report.count("UBLKRED")
+        assert make().config()[name if extra else "flat_dq"] is True
+    base, bp, red = counts["flat"], counts["bf16_p"], counts["red_dq"]
+    assert base["STS.64"] == 16 and base["STS.128"] == 16 and base["REDG4"] == 0 and base["UBLKRED"] == 1, base
+    assert bp["STS.64"] == 0 and bp["STS.128"] == 16 + 4 and bp["LDS.128"] == base["LDS.128"] + 4, bp
+    assert bp["LDS.64"] == base["LDS.64"] - 16, bp
+    assert red["STS.128"] == 0 and red["REDG4"] == 16 and red["UBLKRED"] == 0, red
+
+
+def test_red_dq_needs_flat_dq():
+    from fastvideo_cute.kernels.cute.block_sparse_bwd64 import sm90_ws_main_kernel
+
+    with pytest.raises(ValueError, match="red_dq needs flat_dq"):
+        sm90_ws_main_kernel(red_dq=True)
