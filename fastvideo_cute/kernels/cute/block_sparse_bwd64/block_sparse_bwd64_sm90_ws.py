@@ -58,7 +58,7 @@ from quack import layout_utils
 
 from fastvideo_cute.jit import CuteKernel, fake_matrix
 
-from ..common.bulk import bulk_copy_g2s, bulk_reduce_add_f32, red_add_v4_f32
+from ..common.bulk import bulk_copy_g2s, bulk_reduce_add_f32
 from ..common.tma import tma_row_tiles
 from ..common.wgmma import wgmma_gemm
 from .block_sparse_bwd64_common import main_fake_args
@@ -85,14 +85,11 @@ MAX_STAGES = 2  # of the P and dQ buffers (two barrier ids each)
 SMEM_LIMIT = 227 * 1024  # per CTA on sm_90
 
 
-def smem_bytes(q_stages: int = 3, p_stages: int = 1, dq_stages: int = 1, bf16_p: bool = False,
-               red_dq: bool = False) -> int:
-    """K, V, the Q and dO rings, P^T (64 x 64 fp32, or bf16 with ``bf16_p``, per stage), dS (64 x 64
-    bf16), the dQ staging tiles (none with ``red_dq``), the stats, barriers, alignment."""
+def smem_bytes(q_stages: int = 3, p_stages: int = 1, dq_stages: int = 1) -> int:
+    """K, V, the Q and dO rings, P^T (64 x 64 fp32 per stage), dS (64 x 64 bf16), the dQ staging
+    tiles, the stats, barriers, alignment."""
     tile = BLOCK * HEAD_DIM * 2
-    p_bytes = 2 if bf16_p else 4
-    staging = 0 if red_dq else BLOCK * HEAD_DIM * 4 * dq_stages
-    return (tile * (2 + 2 * q_stages) + BLOCK * BLOCK * (p_bytes * p_stages + 2) + staging
+    return (tile * (2 + 2 * q_stages) + BLOCK * BLOCK * (4 * p_stages + 2) + BLOCK * HEAD_DIM * 4 * dq_stages
             + 2 * BLOCK * 4 * q_stages + 8 * (1 + 4 * q_stages) + 6 * 1024)
 
 
@@ -109,8 +106,7 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
     name = "block_sparse_bwd64_sm90_ws"
 
     def __init__(self, q_stages: int = 3, p_stages: int = 1, dq_stages: int = 1, kv_regs: bool = True,
-                 grouped: bool = False, bulk_dkv: bool = True, narrow_dq: bool = False, flat_dq: bool = False,
-                 bf16_p: bool = False, red_dq: bool = False):
+                 grouped: bool = False, bulk_dkv: bool = True, narrow_dq: bool = False, flat_dq: bool = False):
         """``q_stages``: depth of the Q and dO rings; ``p_stages`` / ``dq_stages``: buffers of the
         P^T hand-off and of the dQ staging tile (1 or 2: with 2 the producing side runs a step
         ahead); ``kv_regs``: WG1 holds K and WG2 holds V in registers (S^T and dP^T as RS wgmma,
@@ -132,22 +128,13 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
         (``dq_accum`` rows ``64 rb .. 64 rb + 63`` hold q block ``rb``'s tile in that order: the caller runs
         ``BlockSparseBwd64PostprocessFrag``), instead of the 128-byte swizzled tile, whose 64-bit stores
         from the m64n128 fragment take two-way bank conflicts (half the staging's shared-memory
-        wavefronts are replays: Nsight Compute, 2026-12-03);
-        ``bf16_p``: P^T crosses from WG1 to WG2 in bf16 (the registers WG1 feeds dV's wgmma with, four
-        128-bit stores a thread) instead of fp32 (eight), and WG2 widens it back: dS^T = P^T (dP^T -
-        delta) then uses the bf16-rounded P^T, as cuDNN's backward does;
-        ``red_dq`` (needs ``flat_dq``: the same dq_accum order): WG2 adds its 64 dQ registers into
-        dq_accum by 16 ``red.global.add.v4.f32`` a thread (a warp's 512 contiguous bytes each) right
-        after dQ's wgmma retires, instead of staging the tile for the store warp (no staging buffer,
-        no DQ_FREE / DQ_FULL hand-off, 64 KB less shared-memory traffic a step)."""
+        wavefronts are replays: Nsight Compute, 2026-12-03)."""
         for name, v in (("p_stages", p_stages), ("dq_stages", dq_stages)):
             if v not in (1, MAX_STAGES):
                 raise ValueError(f"{name} must be 1 or {MAX_STAGES}, got {v}")
         if q_stages not in (2, 3, 4):
             raise ValueError(f"q_stages must be 2, 3 or 4, got {q_stages}")
-        if red_dq and not flat_dq:
-            raise ValueError("red_dq needs flat_dq (dq_accum tiles in the accumulator's register order)")
-        need = smem_bytes(q_stages, p_stages, dq_stages, bf16_p, red_dq)
+        need = smem_bytes(q_stages, p_stages, dq_stages)
         if need > SMEM_LIMIT:
             raise ValueError(f"q_stages={q_stages}, p_stages={p_stages}, dq_stages={dq_stages} need {need} B of "
                              f"shared memory, more than the {SMEM_LIMIT} B a CTA has on sm_90")
@@ -157,12 +144,11 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
         self.bulk_dkv = bool(bulk_dkv) and self.grouped
         self.narrow_dq = bool(narrow_dq)
         self.flat_dq = bool(flat_dq)
-        self.bf16_p, self.red_dq = bool(bf16_p), bool(red_dq)
 
     def config(self):
         return {"q_stages": self.q_stages, "p_stages": self.p_stages, "dq_stages": self.dq_stages,
                 "kv_regs": self.kv_regs, "grouped": self.grouped, "bulk_dkv": self.bulk_dkv,
-                "narrow_dq": self.narrow_dq, "flat_dq": self.flat_dq, "bf16_p": self.bf16_p, "red_dq": self.red_dq}
+                "narrow_dq": self.narrow_dq, "flat_dq": self.flat_dq}
 
     # ------------------------------------------------------------------ host side
     @cute.jit
@@ -206,9 +192,8 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
             sQ: cute.struct.Align[cute.struct.MemRange[bf, cute.cosize(ring_layout)], 1024]
             sdO: cute.struct.Align[cute.struct.MemRange[bf, cute.cosize(ring_layout)], 1024]
             sdS: cute.struct.Align[cute.struct.MemRange[bf, cute.cosize(ds_layout)], 1024]
-            # thread-private order; bf16 pairs in fp32 words with bf16_p
-            sP: cute.struct.Align[cute.struct.MemRange[Float32, BLOCK * BLOCK * self.p_stages // (2 if self.bf16_p else 1)], 128]
-            sdQ: cute.struct.Align[cute.struct.MemRange[Float32, 32 if self.red_dq else cute.cosize(dq_ring)], 1024]
+            sP: cute.struct.Align[cute.struct.MemRange[Float32, BLOCK * BLOCK * self.p_stages], 128]  # thread-private order
+            sdQ: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(dq_ring)], 1024]
             sLse: cute.struct.Align[cute.struct.MemRange[Float32, BLOCK * self.q_stages], 128]
             sDelta: cute.struct.Align[cute.struct.MemRange[Float32, BLOCK * self.q_stages], 128]
 
@@ -282,7 +267,7 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
                     self.producer(tma_atom_Q, mQ, tma_atom_dO, mdO, tma_atom_K, mK, tma_atom_V, mV, mLSE2, mDelta,
                                   mIdx, tile_layout, ring_layout, storage, bar_kv, pipe_q, pipe_do, item, bh, kv, nb,
                                   base, count, tile_bytes)
-                if warp_idx == 1 and not self.red_dq:
+                if warp_idx == 1:
                     if const_expr(self.flat_dq):
                         self.dq_store_flat(mdQaccum, mIdx, storage, item, bh, nb, base, count)
                     else:
@@ -294,8 +279,7 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
             if wg == 2:
                 cute.arch.setmaxregister_increase(REGS_WG2)
                 self.wg_dp_dq_dk(mdK, mma_s, mma_kv, mma_dq, tile_layout, ring_layout, ds_layout, dq_ring, storage, bar_kv,
-                                 pipe_q, pipe_do, sm_scale, tidx - 2 * WG, kv, bh, nb, count, size,
-                                 mdQaccum, mIdx, item, base)
+                                 pipe_q, pipe_do, sm_scale, tidx - 2 * WG, kv, bh, nb, count, size)
 
     # ---- WG0 warp 0: loads
     @cute.jit
@@ -410,10 +394,7 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
             ps = t % self.p_stages
             if t >= self.p_stages:  # WG2 has read step t - p_stages' P^T from this buffer
                 cute.arch.barrier(barrier_id=P_FREE + ps, number_of_threads=2 * WG)
-            if const_expr(self.bf16_p):
-                cute.autovec_copy(self.regs_linear(rP), self.p_slot_bf16(storage, wtid, ps))
-            else:
-                cute.autovec_copy(acc_S, self.p_slot(storage, wtid, acc_S, ps))
+            cute.autovec_copy(acc_S, self.p_slot(storage, wtid, acc_S, ps))
             cute.arch.barrier_arrive(barrier_id=P_READY + ps, number_of_threads=2 * WG)
             pipe_do.consumer_wait(state)
             wgmma_gemm(mma_kv, acc_dV, rP, tVrdOt[None, None, None, s], False)
@@ -430,7 +411,7 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
     # ---- WG2: dP, dS, dQ, dK
     @cute.jit
     def wg_dp_dq_dk(self, mdK, mma_s, mma_kv, mma_dq, tile_layout, ring_layout, ds_layout, dq_ring, storage, bar_kv, pipe_q,
-                    pipe_do, sm_scale, wtid, kv, bh, nb, count, size, mdQaccum, mIdx, item, base):
+                    pipe_do, sm_scale, wtid, kv, bh, nb, count, size):
         bf = self.dtype
         sK = storage.sK.get_tensor(tile_layout.outer, swizzle=tile_layout.inner)
         sV = storage.sV.get_tensor(tile_layout.outer, swizzle=tile_layout.inner)
@@ -454,8 +435,6 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
         acc_dK = cute.make_rmem_tensor(thr_kv.partition_shape_C((BLOCK, HEAD_DIM)), Float32)
         acc_dK.fill(0.0)
         rP = cute.make_rmem_tensor_like(acc_dP, Float32)  # P^T from WG1, in acc_dP's order
-        tPf_view = layout_utils.reshape_acc_to_frgA(rP)
-        rPb = cute.make_rmem_tensor_like(tPf_view, bf)  # bf16_p: WG1's rP, register for register
         acc_dP_mn = layout_utils.reshape_acc_to_mn(acc_dP)
         rP_mn = layout_utils.reshape_acc_to_mn(rP)
         tScS_mn = layout_utils.reshape_acc_to_mn(thr_s.partition_C(cute.make_identity_tensor((BLOCK, BLOCK))))
@@ -488,16 +467,11 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
             for c in cutlass.range_constexpr(num_cols):
                 delta[c] = sDelta[tScS_mn[0, c][1], s]
             cute.arch.barrier(barrier_id=P_READY + ps, number_of_threads=2 * WG)
-            if const_expr(self.bf16_p):
-                cute.autovec_copy(self.p_slot_bf16(storage, wtid, ps), self.regs_linear(rPb))
-            else:
-                cute.autovec_copy(self.p_slot(storage, wtid, acc_dP, ps), rP)
+            cute.autovec_copy(self.p_slot(storage, wtid, acc_dP, ps), rP)
             if t + self.p_stages < count:  # WG1 writes this buffer again at step t + p_stages
                 cute.arch.barrier_arrive(barrier_id=P_FREE + ps, number_of_threads=2 * WG)
             warpgroup.wait_group(0)
             pipe_do.consumer_release(state)
-            if const_expr(self.bf16_p):
-                tPf_view.store(rPb.load().to(Float32))
             dscores_t(rP_mn, acc_dP_mn, tScS_mn, delta, size)
             rdS.store(tdS_view.load().to(bf))
             copy_dS(rdS)
@@ -506,17 +480,13 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
             self.gemm_dq(mma_dq, acc_dQ, tQrdS, tQrKt, size)
             wgmma_gemm(mma_kv, acc_dK, rdS, tKrQt[None, None, None, s], False)
             warpgroup.wait_group(1)  # dQ done (dK may still run)
-            if const_expr(self.red_dq):
-                rb = bh * nb + mIdx[item, base + t]
-                self.red_dq_flat(acc_dQ, mdQaccum.iterator + rb * (BLOCK * HEAD_DIM), wtid)
+            cute.arch.barrier(barrier_id=DQ_FREE + d, number_of_threads=WG + 32)
+            if const_expr(self.flat_dq):
+                self.stage_dq_flat(acc_dQ, storage.sdQ.data_ptr() + d * (BLOCK * HEAD_DIM), wtid)
             else:
-                cute.arch.barrier(barrier_id=DQ_FREE + d, number_of_threads=WG + 32)
-                if const_expr(self.flat_dq):
-                    self.stage_dq_flat(acc_dQ, storage.sdQ.data_ptr() + d * (BLOCK * HEAD_DIM), wtid)
-                else:
-                    cute.autovec_copy(acc_dQ, tQsdQ[None, None, None, d])
-                cute.arch.fence_proxy("async.shared", space="cta")
-                cute.arch.barrier_arrive(barrier_id=DQ_FULL + d, number_of_threads=WG + 32)
+                cute.autovec_copy(acc_dQ, tQsdQ[None, None, None, d])
+            cute.arch.fence_proxy("async.shared", space="cta")
+            cute.arch.barrier_arrive(barrier_id=DQ_FULL + d, number_of_threads=WG + 32)
             warpgroup.wait_group(0)
             pipe_q.consumer_release(state)
             state.advance()
@@ -554,28 +524,6 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
         dst = cute.make_tensor(tile + cute.assume(wtid * 4, divby=4), cute.make_layout((4, 16), stride=(1, 4 * WG)))
         src = cute.make_tensor(acc_dQ.iterator, cute.make_layout((4, 16), stride=(1, 4)))
         cute.autovec_copy(src, dst)
-
-    @cute.jit
-    def red_dq_flat(self, acc_dQ: cute.Tensor, tile: cute.Pointer, wtid):
-        """``red_dq``: this thread's 64 dQ accumulator registers added into the q block's dq_accum tile
-        (fp32, global) in ``stage_dq_flat``'s order: registers ``4 i .. 4 i + 3`` at floats
-        ``512 i + 4 wtid``, one ``red.global.add.v4.f32`` each."""
-        base = tile + cute.assume(wtid * 4, divby=4)
-        regs = cute.make_tensor(acc_dQ.iterator, cute.make_layout(cute.size(acc_dQ)))  # storage order
-        for i in cutlass.range_constexpr(cute.size(acc_dQ) // 4):
-            red_add_v4_f32(base + i * 4 * WG, regs[4 * i], regs[4 * i + 1], regs[4 * i + 2], regs[4 * i + 3])
-
-    def regs_linear(self, frag: cute.Tensor) -> cute.Tensor:
-        """``frag``'s 32 bf16 registers in storage order (eight per 128-bit access)."""
-        return cute.make_tensor(frag.iterator, cute.make_layout((8, 4), stride=(1, 8)))
-
-    def p_slot_bf16(self, storage, wtid, stage) -> cute.Tensor:
-        """``bf16_p``: this thread's 32 bf16 P^T values in buffer ``stage`` of ``sP`` (storage order of
-        WG1's ``rP``): element ``8 j + e`` at ``j * 1024 + 8 * wtid + e`` (a warp's 128-bit accesses cover
-        512 contiguous bytes: no bank conflict)."""
-        ptr = (cute.recast_ptr(storage.sP.data_ptr(), dtype=self.dtype) + cute.assume(stage * (BLOCK * BLOCK), divby=8)
-               + cute.assume(wtid * 8, divby=8))
-        return cute.make_tensor(ptr, cute.make_layout((8, 4), stride=(1, 8 * WG)))
 
     def p_slot(self, storage, wtid, like: cute.Tensor, stage) -> cute.Tensor:
         """This thread's 32 fp32 P^T values in buffer ``stage`` of ``sP``, shaped like the accumulator

@@ -4,11 +4,11 @@
 from __future__ import annotations
 
 import cutlass.cute as cute
-from cutlass import Float32, Int32
+from cutlass import Int32
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import dsl_user_op
 
-__all__ = ["bulk_reduce_add_f32", "bulk_copy_g2s", "red_add_v4_f32"]
+__all__ = ["bulk_reduce_add_f32", "bulk_copy_g2s"]
 
 
 @dsl_user_op
@@ -41,22 +41,6 @@ def bulk_copy_g2s(gmem_ptr: cute.Pointer, smem_ptr: cute.Pointer, mbar_ptr: cute
          Int32(num_bytes).ir_value()],
         "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [$1], [$0], $3, [$2];",
         "l,r,r,r",
-        has_side_effects=True,
-        is_align_stack=False,
-        asm_dialect=llvm.AsmDialect.AD_ATT,
-    )
-
-
-@dsl_user_op
-def red_add_v4_f32(gmem_ptr: cute.Pointer, a: Float32, b: Float32, c: Float32, d: Float32, *, loc=None, ip=None):
-    """``red.global.add.v4.f32``: four fp32 values added into 16 aligned bytes of global memory (sm_90+),
-    a fire-and-forget reduction performed at the L2 (no result, no completion to wait for within the
-    kernel; the next kernel on the stream sees it)."""
-    llvm.inline_asm(
-        None,
-        [gmem_ptr.llvm_ptr] + [Float32(x).ir_value(loc=loc, ip=ip) for x in (a, b, c, d)],
-        "red.global.add.v4.f32 [$0], {$1, $2, $3, $4};",
-        "l,f,f,f,f",
         has_side_effects=True,
         is_align_stack=False,
         asm_dialect=llvm.AsmDialect.AD_ATT,
