@@ -149,33 +149,3 @@ def test_flat_dq_build_stages_dq_conflict_free_and_adds_it_by_one_bulk_reduction
     from fastvideo_cute.compile_check import inflight_operand_writes
 
     assert inflight_operand_writes(report.sass) == [], report.line
-
-
-def test_dq_wg3_build_moves_dq_to_a_fourth_warpgroup():
-    """``dq_wg3=True`` on the route's flat build: 512 threads (128 registers at launch: 65536 / 512),
-    four ``setmaxnreg`` (producer and WG3 down to 24 / 96, WG1 and WG2 up to 192 / 200), the same 34
-    wgmma (dQ's at its four narrow widths, now in WG3), no spill, the wgmmas not serialised, and no
-    register written while an RS wgmma that reads it is in flight."""
-    from functools import partial
-
-    from fastvideo_cute.compile_check import build_report, inflight_operand_writes
-    from fastvideo_cute.kernels.cute import CuteKernelSpec
-    from fastvideo_cute.kernels.cute.block_sparse_bwd64 import sm90_ws_main_kernel
-
-    cfg = dict(narrow_dq=True, p_stages=2, flat_dq=True, dq_wg3=True)
-    spec = CuteKernelSpec(name=NAME + "_dq_wg3", archs=("sm_90a",), make=partial(sm90_ws_main_kernel, **cfg),
-                          expect=("HGMMA", "USETMAXREG"))
-    report = build_report(spec, "sm_90a")
-    print(report.line)
-    assert report.ok and report.spill == 0 and report.regs <= 128, report.line
-    shapes = _shapes(report)
-    assert shapes.count("64x64x16") == 8 + 8, shapes
-    assert shapes.count("64x128x16") == 4 + 4 + (4 + 3 + 2 + 1), shapes
-    regs = sorted(re.findall(r"USETMAXREG\.(TRY_ALLOC|DEALLOC)\.CTAPOOL (?:UP0, )?(0x[0-9a-f]+)", report.sass))
-    assert regs == [("DEALLOC", hex(24)), ("DEALLOC", hex(96)), ("TRY_ALLOC", hex(192)), ("TRY_ALLOC", hex(200))], regs
-    assert report.count("WARPGROUP.DEPBAR") <= 12, report.line
-    assert inflight_operand_writes(report.sass) == [], report.line
-    assert report.count("UBLKRED") == 1 and report.count("UTMAREDG") == 0  # the flat dQ tile, by the store warp
-    kernel = sm90_ws_main_kernel(**cfg)
-    assert kernel.threads == 512 and kernel.config()["dq_wg3"] is True
-    assert sm90_ws_main_kernel(narrow_dq=True, p_stages=2, flat_dq=True).threads == 384

@@ -19,9 +19,6 @@ three warpgroups that run concurrently (384 threads, one CTA per SM, ``setmaxnre
     WG2          dP^T = V dO^T (RS with V in registers / SS), dS^T = P^T * (dP^T - delta) with padded
                  keys 0 (select), dS written transposed by stmatrix, dQ = dS K (SS), dK += dS^T Q (RS),
                  dQ staged for the store warp while dK runs
-    WG3          only with ``dq_wg3`` (512 threads, ``setmaxnreg`` 24 / 192 / 200 / 96): dQ = dS K (SS)
-                 and its staging move here; WG2 hands dS over in two buffers (``DS_FULL`` /
-                 ``DS_FREE``) and its chain ends at dK
 
 Hand-offs (named barriers; each is arrived by one side and waited by the other, equal counts):
 ``P_READY`` WG1 -> WG2 (P^T of the step is in ``sP``), ``P_FREE`` WG2 -> WG1 (``sP`` read; not
@@ -79,26 +76,20 @@ LOG2E = math.log2(math.e)
 REGS_PRODUCER = 24
 REGS_WG1 = 224
 REGS_WG2 = 256
-# with ``dq_wg3`` (512 threads, 128 registers a thread at launch): 24 + 192 + 200 + 96 = 512 per thread
-# quadruple; WG3 holds only the dQ accumulator (64) and its addresses
-REGS_WG1_DQ3, REGS_WG2_DQ3, REGS_WG3 = 192, 200, 96
 # named barrier ids (0 is the CTA-wide barrier); P_READY/P_FREE/DQ_FULL/DQ_FREE + stage
 P_READY, P_FREE, DQ_FULL, DQ_FREE, WG2_SYNC = 1, 3, 5, 7, 9
 # bulk_dkv's epilogue: both MMA warpgroups out of their loops (then the Q and dO rings are free),
 # WG1's staging done (WG2's uses WG2_SYNC)
 EPI_SYNC, EPI_WG1 = 10, 11
 MAX_STAGES = 2  # of the P and dQ buffers (two barrier ids each)
-# dq_wg3's dS hand-off WG2 -> WG3 (two buffers: WG2 runs a step ahead): DS_FULL, DS_FREE + stage
-DS_FULL, DS_FREE = 12, 14
-DS_STAGES_DQ3 = 2
 SMEM_LIMIT = 227 * 1024  # per CTA on sm_90
 
 
-def smem_bytes(q_stages: int = 3, p_stages: int = 1, dq_stages: int = 1, ds_stages: int = 1) -> int:
-    """K, V, the Q and dO rings, P^T (64 x 64 fp32 per stage), dS (64 x 64 bf16 per stage), the dQ
-    staging tiles, the stats, barriers, alignment."""
+def smem_bytes(q_stages: int = 3, p_stages: int = 1, dq_stages: int = 1) -> int:
+    """K, V, the Q and dO rings, P^T (64 x 64 fp32 per stage), dS (64 x 64 bf16), the dQ staging
+    tiles, the stats, barriers, alignment."""
     tile = BLOCK * HEAD_DIM * 2
-    return (tile * (2 + 2 * q_stages) + BLOCK * BLOCK * (4 * p_stages + 2 * ds_stages) + BLOCK * HEAD_DIM * 4 * dq_stages
+    return (tile * (2 + 2 * q_stages) + BLOCK * BLOCK * (4 * p_stages + 2) + BLOCK * HEAD_DIM * 4 * dq_stages
             + 2 * BLOCK * 4 * q_stages + 8 * (1 + 4 * q_stages) + 6 * 1024)
 
 
@@ -115,8 +106,7 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
     name = "block_sparse_bwd64_sm90_ws"
 
     def __init__(self, q_stages: int = 3, p_stages: int = 1, dq_stages: int = 1, kv_regs: bool = True,
-                 grouped: bool = False, bulk_dkv: bool = True, narrow_dq: bool = False, flat_dq: bool = False,
-                 dq_wg3: bool = False):
+                 grouped: bool = False, bulk_dkv: bool = True, narrow_dq: bool = False, flat_dq: bool = False):
         """``q_stages``: depth of the Q and dO rings; ``p_stages`` / ``dq_stages``: buffers of the
         P^T hand-off and of the dQ staging tile (1 or 2: with 2 the producing side runs a step
         ahead); ``kv_regs``: WG1 holds K and WG2 holds V in registers (S^T and dP^T as RS wgmma,
@@ -138,19 +128,13 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
         (``dq_accum`` rows ``64 rb .. 64 rb + 63`` hold q block ``rb``'s tile in that order: the caller runs
         ``BlockSparseBwd64PostprocessFrag``), instead of the 128-byte swizzled tile, whose 64-bit stores
         from the m64n128 fragment take two-way bank conflicts (half the staging's shared-memory
-        wavefronts are replays: Nsight Compute, 2026-12-03);
-        ``dq_wg3``: a fourth warpgroup (WG3, 512 threads; registers 24 / 192 / 200 / 96) takes dQ = dS K
-        and its staging off WG2, whose chain then ends at dK += dS^T Q: WG2 hands dS over in two
-        buffers (named barriers ``DS_FULL`` / ``DS_FREE``, WG2 one step ahead at most), WG3 waits,
-        issues the SS wgmma, frees the buffer and stages dQ for the store warp as WG2 did."""
+        wavefronts are replays: Nsight Compute, 2026-12-03)."""
         for name, v in (("p_stages", p_stages), ("dq_stages", dq_stages)):
             if v not in (1, MAX_STAGES):
                 raise ValueError(f"{name} must be 1 or {MAX_STAGES}, got {v}")
         if q_stages not in (2, 3, 4):
             raise ValueError(f"q_stages must be 2, 3 or 4, got {q_stages}")
-        self.dq_wg3 = bool(dq_wg3)
-        self.ds_stages = DS_STAGES_DQ3 if self.dq_wg3 else 1
-        need = smem_bytes(q_stages, p_stages, dq_stages, self.ds_stages)
+        need = smem_bytes(q_stages, p_stages, dq_stages)
         if need > SMEM_LIMIT:
             raise ValueError(f"q_stages={q_stages}, p_stages={p_stages}, dq_stages={dq_stages} need {need} B of "
                              f"shared memory, more than the {SMEM_LIMIT} B a CTA has on sm_90")
@@ -164,12 +148,7 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
     def config(self):
         return {"q_stages": self.q_stages, "p_stages": self.p_stages, "dq_stages": self.dq_stages,
                 "kv_regs": self.kv_regs, "grouped": self.grouped, "bulk_dkv": self.bulk_dkv,
-                "narrow_dq": self.narrow_dq, "flat_dq": self.flat_dq, "dq_wg3": self.dq_wg3}
-
-    @property
-    def threads(self) -> int:
-        """Threads a CTA: 384, 512 with ``dq_wg3``."""
-        return THREADS + (WG if self.dq_wg3 else 0)
+                "narrow_dq": self.narrow_dq, "flat_dq": self.flat_dq}
 
     # ------------------------------------------------------------------ host side
     @cute.jit
@@ -181,7 +160,7 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
         k_atom = warpgroup.make_smem_layout_atom(warpgroup.SmemLayoutAtomKind.K_SW128, bf)
         tile_layout = cute.tile_to_shape(k_atom, (BLOCK, HEAD_DIM), order=(0, 1))
         ring_layout = cute.tile_to_shape(k_atom, (BLOCK, HEAD_DIM, self.q_stages), order=(0, 1, 2))
-        ds_layout = cute.tile_to_shape(k_atom, (BLOCK, BLOCK, self.ds_stages), order=(0, 1, 2))  # dS [q, kv, stage]
+        ds_layout = cute.tile_to_shape(k_atom, (BLOCK, BLOCK), order=(0, 1))  # dS [q, kv], kv contiguous
         f_atom = warpgroup.make_smem_layout_atom(warpgroup.SmemLayoutAtomKind.K_SW128, Float32)
         dq_tile = cute.tile_to_shape(f_atom, (BLOCK, HEAD_DIM), order=(0, 1))  # dQ staging, 128-byte swizzle
         dq_ring = cute.tile_to_shape(f_atom, (BLOCK, HEAD_DIM, self.dq_stages), order=(0, 1, 2))
@@ -224,7 +203,7 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
             mdQaccum if const_expr(self.flat_dq) else tma_dQ,
             mdK, mdV, mLSE2, mDelta, mIdx, mNum, mVbs, mOrder, mGB, sm_scale, scale_log2,
             mma_s, mma_kv, mma_dq, tile_layout, ring_layout, ds_layout, dq_ring, SharedStorage,
-        ).launch(grid=(cute.size(mGB.shape[0]) * (cute.size(mGB.shape[1]) - 1), 1, 1), block=(self.threads, 1, 1),
+        ).launch(grid=(cute.size(mGB.shape[0]) * (cute.size(mGB.shape[1]) - 1), 1, 1), block=(THREADS, 1, 1),
                  smem=SharedStorage.size_in_bytes(),
                  stream=stream, min_blocks_per_mp=1)
 
@@ -293,16 +272,12 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
                         self.dq_store_flat(mdQaccum, mIdx, storage, item, bh, nb, base, count)
                     else:
                         self.dq_store(tma_atom_dQ, mdQaccum, mIdx, dq_ring, storage, item, bh, nb, base, count)
-            if const_expr(self.dq_wg3):
-                if wg == 3:
-                    cute.arch.setmaxregister_decrease(REGS_WG3)
-                    self.wg_dq(mma_dq, tile_layout, ds_layout, dq_ring, storage, bar_kv, tidx - 3 * WG, count, size)
             if wg == 1:
-                cute.arch.setmaxregister_increase(REGS_WG1_DQ3 if const_expr(self.dq_wg3) else REGS_WG1)
+                cute.arch.setmaxregister_increase(REGS_WG1)
                 self.wg_s_dv(mdV, mma_s, mma_kv, tile_layout, ring_layout, storage, bar_kv, pipe_q, pipe_do,
                              scale_log2, tidx - WG, kv, bh, nb, count, size)
             if wg == 2:
-                cute.arch.setmaxregister_increase(REGS_WG2_DQ3 if const_expr(self.dq_wg3) else REGS_WG2)
+                cute.arch.setmaxregister_increase(REGS_WG2)
                 self.wg_dp_dq_dk(mdK, mma_s, mma_kv, mma_dq, tile_layout, ring_layout, ds_layout, dq_ring, storage, bar_kv,
                                  pipe_q, pipe_do, sm_scale, tidx - 2 * WG, kv, bh, nb, count, size)
 
@@ -499,22 +474,19 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
             pipe_do.consumer_release(state)
             dscores_t(rP_mn, acc_dP_mn, tScS_mn, delta, size)
             rdS.store(tdS_view.load().to(bf))
-            if const_expr(self.dq_wg3):  # dS to WG3 (dQ there), then dK only
-                ds = t % self.ds_stages
-                if t >= self.ds_stages:  # WG3 has read step t - ds_stages' dS from this buffer
-                    cute.arch.barrier(barrier_id=DS_FREE + ds, number_of_threads=2 * WG)
-                copy_dS(rdS, dst_idx=ds)
-                cute.arch.fence_proxy("async.shared", space="cta")
-                cute.arch.barrier_arrive(barrier_id=DS_FULL + ds, number_of_threads=2 * WG)
-                wgmma_gemm(mma_kv, acc_dK, rdS, tKrQt[None, None, None, s], False)
+            copy_dS(rdS)
+            cute.arch.fence_proxy("async.shared", space="cta")
+            cute.arch.barrier(barrier_id=WG2_SYNC, number_of_threads=WG)
+            self.gemm_dq(mma_dq, acc_dQ, tQrdS, tQrKt, size)
+            wgmma_gemm(mma_kv, acc_dK, rdS, tKrQt[None, None, None, s], False)
+            warpgroup.wait_group(1)  # dQ done (dK may still run)
+            cute.arch.barrier(barrier_id=DQ_FREE + d, number_of_threads=WG + 32)
+            if const_expr(self.flat_dq):
+                self.stage_dq_flat(acc_dQ, storage.sdQ.data_ptr() + d * (BLOCK * HEAD_DIM), wtid)
             else:
-                copy_dS(rdS, dst_idx=0)
-                cute.arch.fence_proxy("async.shared", space="cta")
-                cute.arch.barrier(barrier_id=WG2_SYNC, number_of_threads=WG)
-                self.gemm_dq(mma_dq, acc_dQ, tQrdS[None, None, None, 0], tQrKt, size)
-                wgmma_gemm(mma_kv, acc_dK, rdS, tKrQt[None, None, None, s], False)
-                warpgroup.wait_group(1)  # dQ done (dK may still run)
-                self.stage_dq(acc_dQ, tQsdQ, storage, d, wtid)
+                cute.autovec_copy(acc_dQ, tQsdQ[None, None, None, d])
+            cute.arch.fence_proxy("async.shared", space="cta")
+            cute.arch.barrier_arrive(barrier_id=DQ_FULL + d, number_of_threads=WG + 32)
             warpgroup.wait_group(0)
             pipe_q.consumer_release(state)
             state.advance()
@@ -524,43 +496,6 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
                                wtid, WG2_SYNC)
         else:
             self.store_rows(acc_dK, thr_kv, mdK, (bh * nb + kv) * BLOCK, size, sm_scale)
-
-    @cute.jit
-    def stage_dq(self, acc_dQ: cute.Tensor, tQsdQ: cute.Tensor, storage, d, wtid):
-        """This step's dQ tile into staging buffer ``d`` (flat or swizzled) once the store warp has freed
-        it, then handed to the store warp (``DQ_FREE`` / ``DQ_FULL``)."""
-        cute.arch.barrier(barrier_id=DQ_FREE + d, number_of_threads=WG + 32)
-        if const_expr(self.flat_dq):
-            self.stage_dq_flat(acc_dQ, storage.sdQ.data_ptr() + d * (BLOCK * HEAD_DIM), wtid)
-        else:
-            cute.autovec_copy(acc_dQ, tQsdQ[None, None, None, d])
-        cute.arch.fence_proxy("async.shared", space="cta")
-        cute.arch.barrier_arrive(barrier_id=DQ_FULL + d, number_of_threads=WG + 32)
-
-    # ---- WG3 (dq_wg3): dQ
-    @cute.jit
-    def wg_dq(self, mma_dq, tile_layout, ds_layout, dq_ring, storage, bar_kv, wtid, count, size):
-        """``dq_wg3``'s fourth warpgroup: per step, WG2's dS (``DS_FULL``), dQ = dS K (SS wgmma, K's
-        padded rows zeroed by WG2 before its first dS), the buffer freed for WG2 (``DS_FREE``, not
-        signalled for the last ``ds_stages`` steps), dQ staged for the store warp."""
-        sK = storage.sK.get_tensor(tile_layout.outer, swizzle=tile_layout.inner)
-        sdS = storage.sdS.get_tensor(ds_layout.outer, swizzle=ds_layout.inner)
-        sKt = layout_utils.transpose_view(sK)
-        sdQ = storage.sdQ.get_tensor(dq_ring.outer, swizzle=dq_ring.inner)
-        thr_dq = mma_dq.get_slice(wtid)
-        tQrdS = thr_dq.make_fragment_A(thr_dq.partition_A(sdS))
-        tQrKt = thr_dq.make_fragment_B(thr_dq.partition_B(sKt))
-        tQsdQ = thr_dq.partition_C(sdQ)
-        acc_dQ = cute.make_rmem_tensor(thr_dq.partition_shape_C((BLOCK, HEAD_DIM)), Float32)
-        bar_kv.wait(0, 0)
-        for t in cutlass.range(count, unroll=1):
-            ds = t % self.ds_stages
-            cute.arch.barrier(barrier_id=DS_FULL + ds, number_of_threads=2 * WG)
-            self.gemm_dq(mma_dq, acc_dQ, tQrdS[None, None, None, ds], tQrKt, size)
-            warpgroup.wait_group(0)
-            if t + self.ds_stages < count:  # WG2 writes this buffer again at step t + ds_stages
-                cute.arch.barrier_arrive(barrier_id=DS_FREE + ds, number_of_threads=2 * WG)
-            self.stage_dq(acc_dQ, tQsdQ, storage, t % self.dq_stages, wtid)
 
     @cute.jit
     def gemm_dq(self, mma_dq, acc_dQ: cute.Tensor, tQrdS: cute.Tensor, tQrKt: cute.Tensor, size: Int32):
