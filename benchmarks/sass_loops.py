@@ -10,7 +10,7 @@ Static counts: a body's alternative paths all count, so compare like with like a
 dynamic counts (Nsight Compute) before concluding.
 
   python benchmarks/sass_loops.py ours.sass cudnn.sass [--json out.json]
-  python benchmarks/sass_loops.py kernel.cubin --nvdisasm <path>   # disassembles first
+  python benchmarks/sass_loops.py kernel.cubin   # disassembled first (nvdisasm as compile_check finds it)
 
 SASS of our kernels: ``python -m fastvideo_cute.compile_check --arch sm_90a --keep DIR``; of cuDNN
 BSA's: ``tests/adapters/test_cudnn_compile.py sm_90a --out DIR`` with ``CUTE_DSL_DUMP_DIR`` set keeps
@@ -25,7 +25,10 @@ import json
 import re
 import subprocess
 import sys
+from pathlib import Path
 from typing import Dict, List, Tuple
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 _LABEL = re.compile(r"^\s*(\.L_x_\d+):")
 _INSN = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
@@ -104,8 +107,11 @@ def innermost_loops(insns: List[str], labels: Dict[str, int], must: str = "HGMMA
 
 def _read(path: str, nvdisasm: str) -> str:
     if path.endswith(".cubin"):
+        from fastvideo_cute.compile_check import find_tool
+
+        nvdisasm = nvdisasm or find_tool("nvdisasm")
         if not nvdisasm:
-            raise SystemExit(f"{path}: a cubin needs --nvdisasm (e.g. triton's backends/nvidia/bin/nvdisasm)")
+            raise SystemExit(f"{path}: nvdisasm not found (set CUDA_HOME, install triton or pass --nvdisasm)")
         return subprocess.run([nvdisasm, "-c", path], capture_output=True, text=True, check=True).stdout
     with open(path) as f:
         return f.read()
@@ -115,7 +121,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("files", nargs="+", help="SASS text (nvdisasm -c) or .cubin files")
     ap.add_argument("--must", default="HGMMA", help="keep loops holding this opcode ('' for all)")
-    ap.add_argument("--nvdisasm", default="", help="nvdisasm for .cubin inputs")
+    ap.add_argument("--nvdisasm", default="", help="nvdisasm for .cubin inputs (default: found as compile_check finds it)")
     ap.add_argument("--json", help="write the loops of every file here")
     args = ap.parse_args(argv)
     out = {}
