@@ -118,7 +118,8 @@ def sm90_block_sparse_bwd64(q, k, v, out, dout, lse, k2q_idx, k2q_num, kv_block_
             raise ValueError("sm90_block_sparse_bwd64: ws_config's 'grouped' follows from group_blocks")
         return run_ws_chain(lambda grouped: compiled_sm90_main(main="ws", ws_config={**cfg, "grouped": grouped}),
                             q, k, v, out, dout, lse, k2q_idx, k2q_num, kv_block_sizes, sm_scale, order_policy,
-                            group_blocks, group_min, dq_frag=bool(cfg.get("flat_dq", False)))
+                            group_blocks, group_min, dq_frag=bool(cfg.get("flat_dq", False)),
+                            ticket_dkv=bool(cfg.get("ticket_dkv", False)))
     fn = compiled_sm90_main(dq_reduce, stats_in_smem, main, ws_config) if q.numel() else None
     return run_bwd64_chain(fn, q, k, v, out, dout, lse, k2q_idx, k2q_num, kv_block_sizes, sm_scale, order_policy,
                            frag_order=dq_reduce == "flat")

@@ -22,7 +22,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from fastvideo_cute.kernels.cute.block_sparse_bwd64.limits import HEAD_DIM
+from fastvideo_cute.kernels.cute.block_sparse_bwd64.limits import BLOCK, HEAD_DIM
 
 from fastvideo_cute.kernels.triton.q_group_lists import MAX_GROUPS, q_group_lists
 
@@ -109,12 +109,15 @@ def _group_lists_torch(idx: torch.Tensor, num: torch.Tensor, group_blocks: int, 
 
 def run_ws_chain(compiled, q, k, v, out, dout, lse, k2q_idx, k2q_num, kv_block_sizes, sm_scale: float,
                  order_policy: str = "auto", group_blocks: Optional[int] = GROUP_BLOCKS_DEFAULT,
-                 group_min_blocks: int = GROUP_MIN_BLOCKS, dq_frag: bool = False):
+                 group_min_blocks: int = GROUP_MIN_BLOCKS, dq_frag: bool = False, ticket_dkv: bool = False):
     """The backward through the warp-specialized main kernel; returns ``(dq, dk, dv)``.
     ``compiled(grouped)``: the main kernel compiled with ``grouped`` (fp32 dk/dv accumulators) or
     without. ``order_policy``: with one group, the work order (``cute_sm100_bwd.ORDER_POLICIES``);
     ``group_blocks`` / ``group_min_blocks``: the q groups (:func:`group_bounds`); ``dq_frag``: the main kernel
-    was built with ``flat_dq`` (dq_accum tiles in its register order: the matching postprocess)."""
+    was built with ``flat_dq`` (dq_accum tiles in its register order: the matching postprocess);
+    ``ticket_dkv``: the main kernel was built with ``ticket_dkv`` (called as ``compiled(False)`` also with q
+    groups: the group that finishes last writes the bf16 dk/dv rows; the chain gives it an fp32
+    workspace and zeroed counters instead of zeroed accumulators and a conversion pass)."""
     if order_policy not in ORDER_POLICIES:
         raise ValueError(f"order_policy must be one of {ORDER_POLICIES}, got {order_policy!r}")
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
@@ -132,16 +135,23 @@ def run_ws_chain(compiled, q, k, v, out, dout, lse, k2q_idx, k2q_num, kv_block_s
         order = torch.arange(items, dtype=torch.int32, device=q.device)
     num = k2q_num.to(torch.int32).reshape(items).contiguous()
     vbs = kv_block_sizes.to(torch.int32).contiguous()
-    if grouped:
+    accumulate = grouped and not ticket_dkv  # fp32 accumulators, converted after the kernel
+    if accumulate:
         dk_out, dv_out = torch.zeros((2, *k.shape), dtype=torch.float32, device=k.device).unbind(0)
     else:
         dk_out, dv_out = dk, dv
+    if ticket_dkv and grouped:
+        ws = torch.empty(2 * items * BLOCK * HEAD_DIM, dtype=torch.float32, device=q.device)
+        tk = torch.zeros(items * 16, dtype=torch.int32, device=q.device)
+    else:  # not read
+        ws = torch.empty(4, dtype=torch.float32, device=q.device)
+        tk = torch.empty(1, dtype=torch.int32, device=q.device)
     with torch.cuda.device(q.device):
-        compiled(grouped)(q.view(-1, HEAD_DIM), k.view(-1, HEAD_DIM), v.view(-1, HEAD_DIM), dout.view(-1, HEAD_DIM),
-                          dk_out.view(-1, HEAD_DIM), dv_out.view(-1, HEAD_DIM), common["dq_accum"].view(-1, HEAD_DIM),
-                          common["lse2"].view(-1), common["delta"].view(-1), idx, num, vbs, order, gb,
-                          float(sm_scale))
-    if grouped:
+        compiled(accumulate)(q.view(-1, HEAD_DIM), k.view(-1, HEAD_DIM), v.view(-1, HEAD_DIM), dout.view(-1, HEAD_DIM),
+                             dk_out.view(-1, HEAD_DIM), dv_out.view(-1, HEAD_DIM), common["dq_accum"].view(-1, HEAD_DIM),
+                             common["lse2"].view(-1), common["delta"].view(-1), idx, num, vbs, order, gb, ws, tk,
+                             float(sm_scale))
+    if accumulate:
         dk.copy_(dk_out)
         dv.copy_(dv_out)
     sm100_bwd64_postprocess(common["dq_accum"], lse, sm_scale, dq=dq, frag_order=dq_frag)

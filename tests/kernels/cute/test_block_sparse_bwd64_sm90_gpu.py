@@ -82,12 +82,18 @@ WS_NARROW_DEEP = ["ws:narrow_dq=1,q_stages=4", "ws:narrow_dq=1,p_stages=2", "ws:
 WS_FLAT = "ws:narrow_dq=1,p_stages=2,flat_dq=1"
 WS_FLAT_GROUPS = WS_FLAT + ",group_blocks=3,group_min_blocks=0"
 WS_FLAT_ALL = "ws:flat_dq=1,p_stages=2,q_stages=2,dq_stages=2,group_blocks=2,group_min_blocks=0"
+# V's padded rows zeroed in shared memory and dS^T without the padded-key select (zero_pad_v), and
+# dk/dv of a kv block split over q groups summed by the group that finishes last (ticket_dkv): q
+# groups of 3 blocks give most lists three parts (the first, the middle and the last ticket's paths)
+WS_ZV = WS_FLAT + ",zero_pad_v=1"
+WS_TICKET = WS_FLAT + ",zero_pad_v=1,ticket_dkv=1"
+WS_TICKET_GROUPS = WS_TICKET + ",group_blocks=3,group_min_blocks=0"
 # the single-warpgroup kernel rebuilt (dq_reduce="flat", 2026-12-04): dQ with dK in one group, staged in
 # register order into the step's Q/dO slots, two 16 KB bulk reductions; dS by stmatrix
 FLAT = "flat"
 MAINS = ["atomic", FLAT, "ws", WS_GROUPS, WS_ALL, WS_SMEM_KV, WS_GROUPS_REDG, WS_NARROW_DQ,
          WS_NARROW_DQ_GROUPS, *WS_NARROW_DEEP, WS_FLAT, WS_FLAT_GROUPS,
-         WS_FLAT_ALL]  # the single-warpgroup kernel and the WS one
+         WS_FLAT_ALL, WS_ZV, WS_TICKET, WS_TICKET_GROUPS]  # the single-warpgroup kernel and the WS one
 
 
 def _route_config() -> str:
@@ -132,7 +138,7 @@ def test_bulk_dq_reduce_matches_reference(dq_reduce):
 
 
 @pytest.mark.parametrize("dq_reduce", ["atomic", "bulk", "bulk-smemstats", FLAT, "ws", WS_GROUPS, WS_ALL, WS_GROUPS_REDG,
-                                       WS_NARROW_DQ, WS_FLAT, WS_FLAT_GROUPS])
+                                       WS_NARROW_DQ, WS_FLAT, WS_FLAT_GROUPS, WS_ZV, WS_TICKET_GROUPS])
 def test_zero_count_kv_blocks_and_empty_q_blocks(dq_reduce):
     (dq, dk, dv), lse = _vs_reference(dq_reduce=dq_reduce, excluded=(2, 5), empty_q=(1,), ragged=True)
     for j in (2, 5):
@@ -159,7 +165,7 @@ def test_bad_input_is_refused_before_launch():
 
 
 @pytest.mark.parametrize("dq_reduce", ["atomic", "bulk", "bulk-smemstats", FLAT, "ws", WS_GROUPS, WS_ALL, WS_GROUPS_REDG,
-                                       WS_NARROW_DQ, "ws:narrow_dq=1,p_stages=2", WS_FLAT])
+                                       WS_NARROW_DQ, "ws:narrow_dq=1,p_stages=2", WS_FLAT, WS_TICKET])
 def test_65536_tokens_vs_triton_and_run_to_run(dq_reduce):
     """1,024 kv blocks (the work order's regime), 12.5 % density, 4 heads: against the Triton
     backward; two runs: dk, dv bitwise, dq within the seed's summation-order bound. The

@@ -149,3 +149,51 @@ def test_flat_dq_build_stages_dq_conflict_free_and_adds_it_by_one_bulk_reduction
     from fastvideo_cute.compile_check import inflight_operand_writes
 
     assert inflight_operand_writes(report.sass) == [], report.line
+
+
+def _route_build(**extra):
+    from functools import partial
+
+    from fastvideo_cute.backends.sm90_backend import _BWD_WS_CONFIG
+    from fastvideo_cute.compile_check import build_report
+    from fastvideo_cute.kernels.cute import CuteKernelSpec
+    from fastvideo_cute.kernels.cute.block_sparse_bwd64 import sm90_ws_main_kernel
+
+    suffix = "_".join(f"{k}" for k in sorted(extra)) or "route"
+    spec = CuteKernelSpec(name=f"{NAME}_{suffix}", archs=("sm_90a",),
+                          make=partial(sm90_ws_main_kernel, **{**_BWD_WS_CONFIG, **extra}),
+                          expect=("HGMMA", "UBLKRED", "USETMAXREG"))
+    report = build_report(spec, "sm_90a")
+    print(report.line)
+    assert report.ok and report.spill == 0 and report.regs <= 168, report.line
+    return report
+
+
+def test_zero_pad_v_drops_the_padded_key_select_of_ds():
+    """``zero_pad_v=True`` on the route's build: WG2 zeroes V's padded rows in shared memory (with K's)
+    and computes dS^T without the select, so the kernel holds 32 FSEL (WG1's P^T select) instead of 64,
+    the MMAs unchanged, no spill, no register written under an in-flight RS wgmma."""
+    from fastvideo_cute.compile_check import inflight_operand_writes
+
+    base, zv = _route_build(), _route_build(zero_pad_v=True)
+    assert base.count("FSEL") == 64 and zv.count("FSEL") == 32, (base.count("FSEL"), zv.count("FSEL"))
+    assert zv.count("HGMMA") == 34
+    assert inflight_operand_writes(zv.sass) == [], zv.line
+
+
+def test_ticket_dkv_hands_parts_over_and_writes_bf16_rows_once():
+    """``ticket_dkv=True``: per warp a ticket (atomic add on a gpu-scope counter), the first part stored
+    by 16 128-bit stores a thread and released, the last part read by 16 128-bit loads after an acquire
+    spin, the rows written in bf16 (64 stores a thread, twice per warpgroup: one group or the last);
+    no bulk reduce-add of dK/dV (the dQ tile's alone), no spill; refused with ``grouped``."""
+    from fastvideo_cute.kernels.cute.block_sparse_bwd64 import sm90_ws_main_kernel
+
+    report = _route_build(zero_pad_v=True, ticket_dkv=True)
+    assert report.count("HGMMA") == 34 and report.count("UBLKRED.G.S.ADD.F32") == 1
+    assert report.count("STG.E.128") == 2 * 16 and report.count("LDG.E.128") == 2 * 16
+    # per warpgroup: the ticket, the spin's first and looping reads, the release
+    assert report.count("ATOMG.E.ADD.STRONG.GPU") == 2 * 4
+    assert report.count("STG.E.U16") == 2 * 2 * 64
+    assert report.count("MEMBAR.ALL.GPU") >= 2
+    with pytest.raises(ValueError, match="ticket_dkv"):
+        sm90_ws_main_kernel(ticket_dkv=True, grouped=True)

@@ -56,12 +56,13 @@ from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warp, warpgroup
 from quack import copy_utils as quack_copy
 from quack import layout_utils
 
-from fastvideo_cute.jit import CuteKernel, fake_matrix
+from fastvideo_cute.jit import CuteKernel, fake_matrix, fake_vector
 
 from ..common.bulk import bulk_copy_g2s, bulk_reduce_add_f32
 from ..common.tma import tma_row_tiles
 from ..common.wgmma import wgmma_gemm
 from .block_sparse_bwd64_common import main_fake_args
+from .last_arrival import add_rows_last_arrival, group_parts
 from .pointwise import dscores_t, probs_t
 from .limits import BLOCK, HEAD_DIM
 
@@ -96,17 +97,19 @@ def smem_bytes(q_stages: int = 3, p_stages: int = 1, dq_stages: int = 1) -> int:
 class BlockSparseBwd64Sm90Ws(CuteKernel):
     """Warp-specialized wgmma main kernel of the 64-token VSA backward (module docstring). Called
     (compiled) as ``fn(q2d, k2d, v2d, do2d, dk2d, dv2d, dqacc2d, lse2, delta, idx2d, num, vbs, order, gb,
-    sm_scale)``: ``BlockSparseBwd64Sm90``'s arguments and ``gb`` (int32 ``[items, groups + 1]``: item
+    ws, tk, sm_scale)``: ``BlockSparseBwd64Sm90``'s arguments, ``gb`` (int32 ``[items, groups + 1]``: item
     ``i``'s q group ``g`` is its k2q list's entries ``gb[i, g] .. gb[i, g + 1] - 1``). One CTA per
     (item, group): with one group through the work order ``order``; with more, CTA ``w`` takes
     ``(b*H + h, g, kv)`` in that order from ``w`` (``order`` unused), so the CTAs resident together
     read Q/dO and reduce dQ within one head's q group (L2), and dk/dv must be ``grouped``
-    accumulators."""
+    accumulators or the build ``ticket_dkv`` (``ws``: fp32, ``items * 2 * 64 * 128`` elements; ``tk``: int32
+    ``items * 16``, zero; both unused by other builds, which take any small tensors there)."""
 
     name = "block_sparse_bwd64_sm90_ws"
 
     def __init__(self, q_stages: int = 3, p_stages: int = 1, dq_stages: int = 1, kv_regs: bool = True,
-                 grouped: bool = False, bulk_dkv: bool = True, narrow_dq: bool = False, flat_dq: bool = False):
+                 grouped: bool = False, bulk_dkv: bool = True, narrow_dq: bool = False, flat_dq: bool = False,
+                 zero_pad_v: bool = False, ticket_dkv: bool = False):
         """``q_stages``: depth of the Q and dO rings; ``p_stages`` / ``dq_stages``: buffers of the
         P^T hand-off and of the dQ staging tile (1 or 2: with 2 the producing side runs a step
         ahead); ``kv_regs``: WG1 holds K and WG2 holds V in registers (S^T and dP^T as RS wgmma,
@@ -128,7 +131,14 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
         (``dq_accum`` rows ``64 rb .. 64 rb + 63`` hold q block ``rb``'s tile in that order: the caller runs
         ``BlockSparseBwd64PostprocessFrag``), instead of the 128-byte swizzled tile, whose 64-bit stores
         from the m64n128 fragment take two-way bank conflicts (half the staging's shared-memory
-        wavefronts are replays: Nsight Compute, 2026-12-03)."""
+        wavefronts are replays: Nsight Compute, 2026-12-03); ``zero_pad_v``: WG2 zeroes V's padded rows in
+        shared memory with K's (before loading V into registers), so dP^T's rows of padded keys are exact
+        zeros and dS^T = P^T (dP^T - delta) needs no padded-key select (P^T's are 0 by WG1's select): 32
+        FSEL a step fewer in WG2's loop; ``ticket_dkv`` (not with ``grouped``): dk/dv are the bf16 outputs
+        even when a kv block's list is split over q groups: the group that finishes last sums the parts
+        (``last_arrival``: the others hand theirs over through the fp32 workspace ``mWs``, counters ``mTk``
+        zeroed by the caller) and writes the rows once, so the chain needs no zeroed fp32 accumulators
+        and no conversion pass."""
         for name, v in (("p_stages", p_stages), ("dq_stages", dq_stages)):
             if v not in (1, MAX_STAGES):
                 raise ValueError(f"{name} must be 1 or {MAX_STAGES}, got {v}")
@@ -144,18 +154,23 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
         self.bulk_dkv = bool(bulk_dkv) and self.grouped
         self.narrow_dq = bool(narrow_dq)
         self.flat_dq = bool(flat_dq)
+        self.zero_pad_v = bool(zero_pad_v)
+        self.ticket_dkv = bool(ticket_dkv)
+        if self.ticket_dkv and self.grouped:
+            raise ValueError("ticket_dkv writes bf16 dk/dv itself: it cannot be combined with grouped")
 
     def config(self):
         return {"q_stages": self.q_stages, "p_stages": self.p_stages, "dq_stages": self.dq_stages,
                 "kv_regs": self.kv_regs, "grouped": self.grouped, "bulk_dkv": self.bulk_dkv,
-                "narrow_dq": self.narrow_dq, "flat_dq": self.flat_dq}
+                "narrow_dq": self.narrow_dq, "flat_dq": self.flat_dq, "zero_pad_v": self.zero_pad_v,
+                "ticket_dkv": self.ticket_dkv}
 
     # ------------------------------------------------------------------ host side
     @cute.jit
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mdO: cute.Tensor, mdK: cute.Tensor,
                  mdV: cute.Tensor, mdQaccum: cute.Tensor, mLSE2: cute.Tensor, mDelta: cute.Tensor,
                  mIdx: cute.Tensor, mNum: cute.Tensor, mVbs: cute.Tensor, mOrder: cute.Tensor, mGB: cute.Tensor,
-                 sm_scale: Float32, stream: cuda.CUstream):
+                 mWs: cute.Tensor, mTk: cute.Tensor, sm_scale: Float32, stream: cuda.CUstream):
         bf = self.dtype
         k_atom = warpgroup.make_smem_layout_atom(warpgroup.SmemLayoutAtomKind.K_SW128, bf)
         tile_layout = cute.tile_to_shape(k_atom, (BLOCK, HEAD_DIM), order=(0, 1))
@@ -201,7 +216,7 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
         self.kernel(
             tma_atom_Q, tma_Q, tma_atom_dO, tma_dO, tma_atom_K, tma_K, tma_atom_V, tma_V, tma_atom_dQ,
             mdQaccum if const_expr(self.flat_dq) else tma_dQ,
-            mdK, mdV, mLSE2, mDelta, mIdx, mNum, mVbs, mOrder, mGB, sm_scale, scale_log2,
+            mdK, mdV, mLSE2, mDelta, mIdx, mNum, mVbs, mOrder, mGB, mWs, mTk, sm_scale, scale_log2,
             mma_s, mma_kv, mma_dq, tile_layout, ring_layout, ds_layout, dq_ring, SharedStorage,
         ).launch(grid=(cute.size(mGB.shape[0]) * (cute.size(mGB.shape[1]) - 1), 1, 1), block=(THREADS, 1, 1),
                  smem=SharedStorage.size_in_bytes(),
@@ -214,7 +229,7 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
                tma_atom_dQ: cute.CopyAtom, mdQaccum: cute.Tensor,
                mdK: cute.Tensor, mdV: cute.Tensor, mLSE2: cute.Tensor, mDelta: cute.Tensor,
                mIdx: cute.Tensor, mNum: cute.Tensor, mVbs: cute.Tensor, mOrder: cute.Tensor, mGB: cute.Tensor,
-               sm_scale: Float32, scale_log2: Float32,
+               mWs: cute.Tensor, mTk: cute.Tensor, sm_scale: Float32, scale_log2: Float32,
                mma_s: cute.TiledMma, mma_kv: cute.TiledMma, mma_dq: cute.TiledMma,
                tile_layout: cute.ComposedLayout, ring_layout: cute.ComposedLayout, ds_layout: cute.ComposedLayout,
                dq_ring: cute.ComposedLayout, SharedStorage: cutlass.Constexpr):
@@ -275,11 +290,12 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
             if wg == 1:
                 cute.arch.setmaxregister_increase(REGS_WG1)
                 self.wg_s_dv(mdV, mma_s, mma_kv, tile_layout, ring_layout, storage, bar_kv, pipe_q, pipe_do,
-                             scale_log2, tidx - WG, kv, bh, nb, count, size)
+                             scale_log2, tidx - WG, kv, bh, nb, count, size, (mWs, mTk, mGB, item, num))
             if wg == 2:
                 cute.arch.setmaxregister_increase(REGS_WG2)
                 self.wg_dp_dq_dk(mdK, mma_s, mma_kv, mma_dq, tile_layout, ring_layout, ds_layout, dq_ring, storage, bar_kv,
-                                 pipe_q, pipe_do, sm_scale, tidx - 2 * WG, kv, bh, nb, count, size)
+                                 pipe_q, pipe_do, sm_scale, tidx - 2 * WG, kv, bh, nb, count, size,
+                                 (mWs, mTk, mGB, item, num))
 
     # ---- WG0 warp 0: loads
     @cute.jit
@@ -355,7 +371,7 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
     # ---- WG1: S, P, dV
     @cute.jit
     def wg_s_dv(self, mdV, mma_s, mma_kv, tile_layout, ring_layout, storage, bar_kv, pipe_q, pipe_do, scale_log2,
-                wtid, kv, bh, nb, count, size):
+                wtid, kv, bh, nb, count, size, ticket_args):
         bf = self.dtype
         sK = storage.sK.get_tensor(tile_layout.outer, swizzle=tile_layout.inner)
         sQ = storage.sQ.get_tensor(ring_layout.outer, swizzle=ring_layout.inner)
@@ -405,13 +421,15 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
             cute.arch.barrier(barrier_id=EPI_SYNC, number_of_threads=2 * WG)
             self.bulk_add_rows(acc_dV, thr_kv, storage.sdO.data_ptr(), mdV, (bh * nb + kv) * BLOCK, size,
                                Float32(1.0), wtid, EPI_WG1)
+        elif const_expr(self.ticket_dkv):
+            self.store_rows_ticket(acc_dV, thr_kv, mdV, (bh * nb + kv) * BLOCK, size, Float32(1.0), 1, wtid, ticket_args)
         else:
             self.store_rows(acc_dV, thr_kv, mdV, (bh * nb + kv) * BLOCK, size, Float32(1.0))
 
     # ---- WG2: dP, dS, dQ, dK
     @cute.jit
     def wg_dp_dq_dk(self, mdK, mma_s, mma_kv, mma_dq, tile_layout, ring_layout, ds_layout, dq_ring, storage, bar_kv, pipe_q,
-                    pipe_do, sm_scale, wtid, kv, bh, nb, count, size):
+                    pipe_do, sm_scale, wtid, kv, bh, nb, count, size, ticket_args):
         bf = self.dtype
         sK = storage.sK.get_tensor(tile_layout.outer, swizzle=tile_layout.inner)
         sV = storage.sV.get_tensor(tile_layout.outer, swizzle=tile_layout.inner)
@@ -449,13 +467,17 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
         delta = cute.make_rmem_tensor((num_cols,), Float32)
 
         bar_kv.wait(0, 0)
-        if const_expr(self.kv_regs):  # before K's padded rows are zeroed: V's are discarded by select
+        if const_expr(self.kv_regs and not self.zero_pad_v):  # V's padded rows are discarded by select
             self.load_a_regs(mma_s, sV, tPrV, wtid)
         if size < BLOCK:  # K's padded rows to 0 for dQ = dS K (WG1's S^T discards them by select)
             for r in cutlass.range(size, BLOCK, unroll=1):
                 sK[r, wtid] = bf(0.0)
+                if const_expr(self.zero_pad_v):  # and V's, so that dP^T's rows of padded keys are exact 0s
+                    sV[r, wtid] = bf(0.0)
             cute.arch.fence_proxy("async.shared", space="cta")
             cute.arch.barrier(barrier_id=WG2_SYNC, number_of_threads=WG)
+        if const_expr(self.kv_regs and self.zero_pad_v):
+            self.load_a_regs(mma_s, sV, tPrV, wtid)
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.q_stages)
         for t in cutlass.range(count, unroll=1):
             s = state.index
@@ -472,7 +494,7 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
                 cute.arch.barrier_arrive(barrier_id=P_FREE + ps, number_of_threads=2 * WG)
             warpgroup.wait_group(0)
             pipe_do.consumer_release(state)
-            dscores_t(rP_mn, acc_dP_mn, tScS_mn, delta, size)
+            dscores_t(rP_mn, acc_dP_mn, tScS_mn, delta, size, select=not self.zero_pad_v)
             rdS.store(tdS_view.load().to(bf))
             copy_dS(rdS)
             cute.arch.fence_proxy("async.shared", space="cta")
@@ -494,6 +516,8 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
             cute.arch.barrier(barrier_id=EPI_SYNC, number_of_threads=2 * WG)
             self.bulk_add_rows(acc_dK, thr_kv, storage.sQ.data_ptr(), mdK, (bh * nb + kv) * BLOCK, size, sm_scale,
                                wtid, WG2_SYNC)
+        elif const_expr(self.ticket_dkv):
+            self.store_rows_ticket(acc_dK, thr_kv, mdK, (bh * nb + kv) * BLOCK, size, sm_scale, 0, wtid, ticket_args)
         else:
             self.store_rows(acc_dK, thr_kv, mdK, (bh * nb + kv) * BLOCK, size, sm_scale)
 
@@ -566,6 +590,19 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
             cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     @cute.jit
+    def store_rows_ticket(self, acc, thr_kv, mOut, row0: Int32, size: Int32, scale: Float32, tensor: cutlass.Constexpr,
+                          wtid, ticket_args):
+        """``ticket_dkv``'s epilogue: the bf16 rows written once, by this CTA when it is the kv block's only
+        group with work, else by the group that finishes last (``last_arrival``)."""
+        mWs, mTk, mGB, item, num = ticket_args
+        parts = group_parts(mGB, item, num)
+        if parts <= 1:
+            self.store_rows(acc, thr_kv, mOut, row0, size, scale)
+        else:
+            if add_rows_last_arrival(acc, scale, parts, mWs, mTk, item, cute.size(mGB.shape[0]), tensor, wtid):
+                self.store_rows(acc, thr_kv, mOut, row0, size, Float32(1.0))
+
+    @cute.jit
     def store_rows(self, acc, thr_kv, mOut, row0: Int32, size: Int32, scale: Float32):
         """``mOut[row0 + r, c] = bf16(acc * scale)``, rows of padded keys (``r >= size``) exactly 0; with
         ``grouped``, ``mOut`` is the fp32 accumulator (zeroed by the caller) and ``acc * scale`` is added
@@ -590,4 +627,6 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
             args[4] = fake_matrix(Float32, args[4].shape[0], HEAD_DIM, align=16)
             args[5] = fake_matrix(Float32, args[5].shape[0], HEAD_DIM, align=16)
         gb = fake_matrix(Int32, cute.sym_int32(), cute.sym_int32(), align=4)  # [items, groups + 1]
-        return (*args[:13], gb, *args[13:])
+        ws = fake_vector(Float32, cute.sym_int32(), align=16)  # ticket_dkv's workspace (else unused)
+        tk = fake_vector(Int32, cute.sym_int32(), align=4)  # and its counters
+        return (*args[:13], gb, ws, tk, *args[13:])

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32
+from cutlass import Float32, const_expr
 
 __all__ = ["probs_t", "dscores_t"]
 
@@ -24,11 +24,16 @@ def probs_t(acc_mn: cute.Tensor, coords_mn: cute.Tensor, lse2: cute.Tensor, scal
 
 
 @cute.jit
-def dscores_t(p_mn: cute.Tensor, acc_mn: cute.Tensor, coords_mn: cute.Tensor, delta: cute.Tensor, size):
+def dscores_t(p_mn: cute.Tensor, acc_mn: cute.Tensor, coords_mn: cute.Tensor, delta: cute.Tensor, size,
+              select: cutlass.Constexpr = True):
     """In place on the dP^T tile ``acc_mn``: ``dS^T[r, c] = P^T[r, c] * (dP^T[r, c] - delta[c])``, 0 for
-    padded keys."""
+    padded keys. ``select=False`` leaves out the padded-key select: only for a caller whose dP^T rows
+    of padded keys are exactly 0 (V's padded rows zeroed before ``dP^T = V dO^T``) and whose P^T rows
+    of padded keys are 0 by :func:`probs_t`'s select, so that the product is an exact 0 by itself."""
     for r in cutlass.range_constexpr(cute.size(acc_mn, mode=[0])):
         valid = coords_mn[r, 0][0] < size
         for c in cutlass.range_constexpr(cute.size(acc_mn, mode=[1])):
             ds = p_mn[r, c] * (acc_mn[r, c] - delta[c])
-            acc_mn[r, c] = ds if valid else Float32(0.0)
+            if const_expr(select):
+                ds = ds if valid else Float32(0.0)
+            acc_mn[r, c] = ds
