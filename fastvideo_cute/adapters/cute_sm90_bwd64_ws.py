@@ -8,8 +8,10 @@ blocks and each part gets its own CTA, ordered so that the CTAs resident togethe
 reduce dQ within one head's q group (``group_blocks`` rows of 64 tokens: 512 keeps that group's
 Q, dO and dq_accum, 8 + 8 + 16 MB, inside the H200's 50 MB L2, where a whole head at 65,536
 tokens, 16 + 16 + 32 MB, is not). The parts' dK/dV are then added into fp32 accumulators (zeroed here, one
-allocation for both) and converted to bf16 after the main kernel; with one group they are written
-once, in bf16, by the kernel. The split partitions each list's valid entries by group in one
+allocation for both) and converted to bf16 after the main kernel, or, with a ``ticket_dkv`` build (the
+route's), summed inside the kernel by the group that finishes last, which writes the bf16 rows (an
+fp32 workspace and zeroed counters here instead); with one group they are written once, in bf16, by
+the kernel. The split partitions each list's valid entries by group in one
 Triton launch (:func:`group_bounds`; a caller's order does not matter), and a grouped chain skips
 the work order (its CTAs take the items in (head, group, kv) order). Inputs were checked by the
 caller's support predicate.

@@ -29,7 +29,8 @@ Where the router sends it (``fastvideo_cute.routes``):
 - both 64-token backward classes (route table v10, ``benchmarks/results/vsa_h200_table10_bwd64_{synthetic,grid}.json``:
   23.41 vs 23.70 ms for cuDNN's route over S=32768 + 65536, 6.81 vs 7.00 ms on the Wan-1.3B grid),
   in the configuration ``_BWD_WS_CONFIG`` (the warp-specialized kernel with ``flat_dq``; q groups of
-  512 blocks from 768 blocks on, ``adapters/cute_sm90_bwd64_ws``);
+  512 blocks from 768 blocks on, ``adapters/cute_sm90_bwd64_ws``, their dK/dV parts summed by the
+  group that finishes last, ``ticket_dkv``);
 - ``video_sparse_attn`` inference calls with a gate (``select_vsa_route_name``), where the fused
   epilogue also saves the separate gate pass (1.01x / 1.03x / 1.05x the cuDNN path at S=32768 /
   65536 / the Wan-1.3B grid, ``benchmarks/results/fwd64_sm90_h200_v5.json``; 128/256-token tiles:
@@ -77,8 +78,12 @@ _INT32_MAX = 2**31 - 1
 # (2 % faster on the grid and at S=32768, 65,536 within the spread: bwd64_sm90_h200_v14.json, _v15.json);
 # flat_dq, dQ staged in register order (conflict-free) and added by one bulk reduce-add into
 # register-ordered dq_accum tiles (5-7 % faster: 4.61 vs 4.90 ms at S=32768, 18.80 vs 20.23 ms at
-# 65,536, 6.66 vs 7.00 ms on the Wan-1.3B grid, bwd64_sm90_h200_v17.json)
-_BWD_WS_CONFIG = {"narrow_dq": True, "p_stages": 2, "flat_dq": True}
+# 65,536, 6.66 vs 7.00 ms on the Wan-1.3B grid, bwd64_sm90_h200_v17.json); zero_pad_v, dS^T without
+# the padded-key select (V's padded rows zeroed in shared memory; neutral), and ticket_dkv, a kv block's
+# q-group parts of dK/dV summed by the group that finishes last (no fp32 accumulators, no convert pass:
+# 1.3-1.4 % faster where q groups run, 19.49 vs 19.80 ms at 65,536 and 7.51 vs 7.60 ms on the grid's two
+# H100 groups; one group unchanged; bwd64_sm90_h100_zv_ticket.json, 2026-12-06)
+_BWD_WS_CONFIG = {"narrow_dq": True, "p_stages": 2, "flat_dq": True, "zero_pad_v": True, "ticket_dkv": True}
 
 
 def _backward_problem(call: CallInfo) -> Optional[str]:
