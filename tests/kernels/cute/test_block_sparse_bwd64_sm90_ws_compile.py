@@ -200,3 +200,13 @@ def test_ticket_dkv_hands_parts_over_and_writes_bf16_rows_once():
     assert report.count("MEMBAR.ALL.GPU") >= 2
     with pytest.raises(ValueError, match="ticket_dkv"):
         sm90_ws_main_kernel(ticket_dkv=True, grouped=True)
+
+
+def test_pair_stores_write_the_bf16_rows_four_bytes_at_a_time():
+    """``pair_stores=True`` (on the ticket build): the bf16 dk/dv rows as the fragment's pairs of adjacent
+    columns, 32 four-byte stores a thread per call site (one group, and the last ticket) instead of 64
+    two-byte stores; the rest unchanged (34 HGMMA, the ticket's 128-bit hand-over), no spill."""
+    report = _route_build(zero_pad_v=True, ticket_dkv=True, pair_stores=True)
+    assert report.count("HGMMA") == 34 and report.count("STG.E.U16") == 0
+    assert len(re.findall(r"STG\.E desc", report.sass)) == 2 * 2 * 32, report.count("STG.E")
+    assert report.count("STG.E.128") == 2 * 16 and report.count("LDG.E.128") == 2 * 16
