@@ -91,12 +91,16 @@ WS_TICKET_GROUPS = WS_TICKET + ",group_blocks=3,group_min_blocks=0"
 # the bf16 dk/dv rows by 32-bit pair stores, with one group and with q groups (the last ticket's rows)
 WS_PAIRS = WS_TICKET + ",pair_stores=1"
 WS_PAIRS_GROUPS = WS_TICKET_GROUPS + ",pair_stores=1"
+# the bf16 dk/dv rows by stmatrix + TMA stores, one warp's 16 rows at a time
+WS_TMA = WS_TICKET + ",tma_dkv=1"
+WS_TMA_GROUPS = WS_TICKET_GROUPS + ",tma_dkv=1"
 # the single-warpgroup kernel rebuilt (dq_reduce="flat", 2026-12-04): dQ with dK in one group, staged in
 # register order into the step's Q/dO slots, two 16 KB bulk reductions; dS by stmatrix
 FLAT = "flat"
 MAINS = ["atomic", FLAT, "ws", WS_GROUPS, WS_ALL, WS_SMEM_KV, WS_GROUPS_REDG, WS_NARROW_DQ,
          WS_NARROW_DQ_GROUPS, *WS_NARROW_DEEP, WS_FLAT, WS_FLAT_GROUPS,
-         WS_FLAT_ALL, WS_ZV, WS_TICKET, WS_TICKET_GROUPS, WS_PAIRS, WS_PAIRS_GROUPS]  # the single-warpgroup kernel and the WS one
+         WS_FLAT_ALL, WS_ZV, WS_TICKET, WS_TICKET_GROUPS, WS_PAIRS, WS_PAIRS_GROUPS,
+         WS_TMA, WS_TMA_GROUPS]  # the single-warpgroup kernel and the WS one
 
 
 def _route_config() -> str:
@@ -141,7 +145,8 @@ def test_bulk_dq_reduce_matches_reference(dq_reduce):
 
 
 @pytest.mark.parametrize("dq_reduce", ["atomic", "bulk", "bulk-smemstats", FLAT, "ws", WS_GROUPS, WS_ALL, WS_GROUPS_REDG,
-                                       WS_NARROW_DQ, WS_FLAT, WS_FLAT_GROUPS, WS_ZV, WS_TICKET_GROUPS, WS_PAIRS_GROUPS])
+                                       WS_NARROW_DQ, WS_FLAT, WS_FLAT_GROUPS, WS_ZV, WS_TICKET_GROUPS, WS_PAIRS_GROUPS,
+                                       WS_TMA_GROUPS])
 def test_zero_count_kv_blocks_and_empty_q_blocks(dq_reduce):
     (dq, dk, dv), lse = _vs_reference(dq_reduce=dq_reduce, excluded=(2, 5), empty_q=(1,), ragged=True)
     for j in (2, 5):
@@ -168,7 +173,8 @@ def test_bad_input_is_refused_before_launch():
 
 
 @pytest.mark.parametrize("dq_reduce", ["atomic", "bulk", "bulk-smemstats", FLAT, "ws", WS_GROUPS, WS_ALL, WS_GROUPS_REDG,
-                                       WS_NARROW_DQ, "ws:narrow_dq=1,p_stages=2", WS_FLAT, WS_TICKET, WS_PAIRS])
+                                       WS_NARROW_DQ, "ws:narrow_dq=1,p_stages=2", WS_FLAT, WS_TICKET, WS_PAIRS,
+                                       WS_TMA])
 def test_65536_tokens_vs_triton_and_run_to_run(dq_reduce):
     """1,024 kv blocks (the work order's regime), 12.5 % density, 4 heads: against the Triton
     backward; two runs: dk, dv bitwise, dq within the seed's summation-order bound. The

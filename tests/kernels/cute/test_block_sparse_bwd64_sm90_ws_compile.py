@@ -210,3 +210,17 @@ def test_pair_stores_write_the_bf16_rows_four_bytes_at_a_time():
     assert report.count("HGMMA") == 34 and report.count("STG.E.U16") == 0
     assert len(re.findall(r"STG\.E desc", report.sass)) == 2 * 2 * 32, report.count("STG.E")
     assert report.count("STG.E.128") == 2 * 16 and report.count("LDG.E.128") == 2 * 16
+
+
+def test_tma_dkv_writes_each_warps_rows_by_stmatrix_and_two_tma_stores():
+    """``tma_dkv=True`` (on the ticket build): per call site (one group, and the last ticket) and warpgroup
+    8 stmatrix x4 into the swizzled staging tile and two TMA tensor stores of 16 x 64 pieces per warp;
+    no global bf16 stores left; no spill; refused with ``grouped``."""
+    from fastvideo_cute.kernels.cute.block_sparse_bwd64 import sm90_ws_main_kernel
+
+    report = _route_build(zero_pad_v=True, ticket_dkv=True, tma_dkv=True)
+    assert report.count("HGMMA") == 34
+    assert report.count("STSM.16.M88.4") == 2 * 2 * 8 and report.count("UTMASTG") == 2 * 2 * 2
+    assert report.count("STG.E.U16") == 0 and len(re.findall(r"STG\.E desc", report.sass)) == 0
+    with pytest.raises(ValueError, match="tma_dkv"):
+        sm90_ws_main_kernel(tma_dkv=True, grouped=True)

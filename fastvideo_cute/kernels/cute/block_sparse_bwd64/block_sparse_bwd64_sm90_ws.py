@@ -83,6 +83,7 @@ P_READY, P_FREE, DQ_FULL, DQ_FREE, WG2_SYNC = 1, 3, 5, 7, 9
 # WG1's staging done (WG2's uses WG2_SYNC)
 EPI_SYNC, EPI_WG1 = 10, 11
 MAX_STAGES = 2  # of the P and dQ buffers (two barrier ids each)
+PIECE_ROWS = 16  # tma_dkv: one warp's rows of an m64 accumulator tile
 SMEM_LIMIT = 227 * 1024  # per CTA on sm_90
 
 
@@ -109,7 +110,8 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
 
     def __init__(self, q_stages: int = 3, p_stages: int = 1, dq_stages: int = 1, kv_regs: bool = True,
                  grouped: bool = False, bulk_dkv: bool = True, narrow_dq: bool = False, flat_dq: bool = False,
-                 zero_pad_v: bool = False, ticket_dkv: bool = False, pair_stores: bool = False):
+                 zero_pad_v: bool = False, ticket_dkv: bool = False, pair_stores: bool = False,
+                 tma_dkv: bool = False):
         """``q_stages``: depth of the Q and dO rings; ``p_stages`` / ``dq_stages``: buffers of the
         P^T hand-off and of the dQ staging tile (1 or 2: with 2 the producing side runs a step
         ahead); ``kv_regs``: WG1 holds K and WG2 holds V in registers (S^T and dP^T as RS wgmma,
@@ -140,15 +142,17 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
         zeroed by the caller) and writes the rows once, so the chain needs no zeroed fp32 accumulators
         and no conversion pass; ``pair_stores``: the bf16 dk/dv rows (padded keys' 0 included) written
         as the fragment's pairs of adjacent columns, 32 four-byte stores a thread instead of 64
-        two-byte ones."""
+        two-byte ones; ``tma_dkv`` (not with ``grouped``): each warp writes its 16 bf16 rows by stmatrix
+        into a swizzled tile (dK: K's, free once WG2 left its loop; dV: a 16 KB buffer of its own, so
+        WG1 waits on no one) and two TMA tensor stores of 16 x 64 pieces."""
         for name, v in (("p_stages", p_stages), ("dq_stages", dq_stages)):
             if v not in (1, MAX_STAGES):
                 raise ValueError(f"{name} must be 1 or {MAX_STAGES}, got {v}")
         if q_stages not in (2, 3, 4):
             raise ValueError(f"q_stages must be 2, 3 or 4, got {q_stages}")
-        need = smem_bytes(q_stages, p_stages, dq_stages)
+        need = smem_bytes(q_stages, p_stages, dq_stages) + (BLOCK * HEAD_DIM * 2 + 1024 if tma_dkv else 0)
         if need > SMEM_LIMIT:
-            raise ValueError(f"q_stages={q_stages}, p_stages={p_stages}, dq_stages={dq_stages} need {need} B of "
+            raise ValueError(f"q_stages={q_stages}, p_stages={p_stages}, dq_stages={dq_stages}, tma_dkv={tma_dkv} need {need} B of "
                              f"shared memory, more than the {SMEM_LIMIT} B a CTA has on sm_90")
         self.dtype = cutlass.BFloat16
         self.q_stages, self.p_stages, self.dq_stages = int(q_stages), int(p_stages), int(dq_stages)
@@ -159,6 +163,9 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
         self.zero_pad_v = bool(zero_pad_v)
         self.ticket_dkv = bool(ticket_dkv)
         self.pair_stores = bool(pair_stores)
+        self.tma_dkv = bool(tma_dkv)
+        if self.tma_dkv and self.grouped:
+            raise ValueError("tma_dkv stores bf16 dk/dv rows: it cannot be combined with grouped")
         if self.ticket_dkv and self.grouped:
             raise ValueError("ticket_dkv writes bf16 dk/dv itself: it cannot be combined with grouped")
 
@@ -166,7 +173,8 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
         return {"q_stages": self.q_stages, "p_stages": self.p_stages, "dq_stages": self.dq_stages,
                 "kv_regs": self.kv_regs, "grouped": self.grouped, "bulk_dkv": self.bulk_dkv,
                 "narrow_dq": self.narrow_dq, "flat_dq": self.flat_dq, "zero_pad_v": self.zero_pad_v,
-                "ticket_dkv": self.ticket_dkv, "pair_stores": self.pair_stores}
+                "ticket_dkv": self.ticket_dkv, "pair_stores": self.pair_stores,
+                "tma_dkv": self.tma_dkv}
 
     # ------------------------------------------------------------------ host side
     @cute.jit
@@ -191,6 +199,14 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
         tma_atom_dQ, tma_dQ = cpasync.make_tiled_tma_atom(cpasync.CopyReduceBulkTensorTileS2GOp(), mdQaccum, dq_tile,
                                                           (BLOCK, HEAD_DIM))
 
+        if const_expr(self.tma_dkv):  # 16-row x 64-column pieces of the dK / dV rows
+            piece = cute.tile_to_shape(k_atom, (PIECE_ROWS, HEAD_DIM // 2), order=(0, 1))
+            s2g = cpasync.CopyBulkTensorTileS2GOp()
+            tma_atom_dK, tma_dK = cpasync.make_tiled_tma_atom(s2g, mdK, piece, (PIECE_ROWS, HEAD_DIM // 2))
+            tma_atom_dV, tma_dV = cpasync.make_tiled_tma_atom(s2g, mdV, piece, (PIECE_ROWS, HEAD_DIM // 2))
+        else:  # never used
+            tma_atom_dK, tma_dK, tma_atom_dV, tma_dV = tma_atom_K, tma_K, tma_atom_V, tma_V
+
         K_MAJ, MN_MAJ = OperandMajorMode.K, OperandMajorMode.MN
         a_src = warpgroup.OperandSource.RMEM if const_expr(self.kv_regs) else warpgroup.OperandSource.SMEM
         mma_s = sm90_helpers.make_trivial_tiled_mma(bf, bf, K_MAJ, K_MAJ, Float32, (1, 1, 1), tiler_mn=(BLOCK, BLOCK),
@@ -214,12 +230,14 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
             sdQ: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(dq_ring)], 1024]
             sLse: cute.struct.Align[cute.struct.MemRange[Float32, BLOCK * self.q_stages], 128]
             sDelta: cute.struct.Align[cute.struct.MemRange[Float32, BLOCK * self.q_stages], 128]
+            sDV: cute.struct.Align[cute.struct.MemRange[bf, cute.cosize(tile_layout) if self.tma_dkv else 8], 1024]
 
         scale_log2 = sm_scale * Float32(LOG2E)
         self.kernel(
             tma_atom_Q, tma_Q, tma_atom_dO, tma_dO, tma_atom_K, tma_K, tma_atom_V, tma_V, tma_atom_dQ,
             mdQaccum if const_expr(self.flat_dq) else tma_dQ,
-            mdK, mdV, mLSE2, mDelta, mIdx, mNum, mVbs, mOrder, mGB, mWs, mTk, sm_scale, scale_log2,
+            mdK, mdV, tma_atom_dK, tma_dK, tma_atom_dV, tma_dV, mLSE2, mDelta, mIdx, mNum, mVbs, mOrder, mGB,
+            mWs, mTk, sm_scale, scale_log2,
             mma_s, mma_kv, mma_dq, tile_layout, ring_layout, ds_layout, dq_ring, SharedStorage,
         ).launch(grid=(cute.size(mGB.shape[0]) * (cute.size(mGB.shape[1]) - 1), 1, 1), block=(THREADS, 1, 1),
                  smem=SharedStorage.size_in_bytes(),
@@ -230,7 +248,8 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
     def kernel(self, tma_atom_Q: cute.CopyAtom, mQ: cute.Tensor, tma_atom_dO: cute.CopyAtom, mdO: cute.Tensor,
                tma_atom_K: cute.CopyAtom, mK: cute.Tensor, tma_atom_V: cute.CopyAtom, mV: cute.Tensor,
                tma_atom_dQ: cute.CopyAtom, mdQaccum: cute.Tensor,
-               mdK: cute.Tensor, mdV: cute.Tensor, mLSE2: cute.Tensor, mDelta: cute.Tensor,
+               mdK: cute.Tensor, mdV: cute.Tensor, tma_atom_dK: cute.CopyAtom, tma_dK: cute.Tensor,
+               tma_atom_dV: cute.CopyAtom, tma_dV: cute.Tensor, mLSE2: cute.Tensor, mDelta: cute.Tensor,
                mIdx: cute.Tensor, mNum: cute.Tensor, mVbs: cute.Tensor, mOrder: cute.Tensor, mGB: cute.Tensor,
                mWs: cute.Tensor, mTk: cute.Tensor, sm_scale: Float32, scale_log2: Float32,
                mma_s: cute.TiledMma, mma_kv: cute.TiledMma, mma_dq: cute.TiledMma,
@@ -293,12 +312,13 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
             if wg == 1:
                 cute.arch.setmaxregister_increase(REGS_WG1)
                 self.wg_s_dv(mdV, mma_s, mma_kv, tile_layout, ring_layout, storage, bar_kv, pipe_q, pipe_do,
-                             scale_log2, tidx - WG, kv, bh, nb, count, size, (mWs, mTk, mGB, item, num))
+                             scale_log2, tidx - WG, kv, bh, nb, count, size, (mWs, mTk, mGB, item, num),
+                             (tma_atom_dV, tma_dV, storage.sDV))
             if wg == 2:
                 cute.arch.setmaxregister_increase(REGS_WG2)
                 self.wg_dp_dq_dk(mdK, mma_s, mma_kv, mma_dq, tile_layout, ring_layout, ds_layout, dq_ring, storage, bar_kv,
                                  pipe_q, pipe_do, sm_scale, tidx - 2 * WG, kv, bh, nb, count, size,
-                                 (mWs, mTk, mGB, item, num))
+                                 (mWs, mTk, mGB, item, num), (tma_atom_dK, tma_dK, storage.sK))
 
     # ---- WG0 warp 0: loads
     @cute.jit
@@ -374,7 +394,7 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
     # ---- WG1: S, P, dV
     @cute.jit
     def wg_s_dv(self, mdV, mma_s, mma_kv, tile_layout, ring_layout, storage, bar_kv, pipe_q, pipe_do, scale_log2,
-                wtid, kv, bh, nb, count, size, ticket_args):
+                wtid, kv, bh, nb, count, size, ticket_args, tma_args):
         bf = self.dtype
         sK = storage.sK.get_tensor(tile_layout.outer, swizzle=tile_layout.inner)
         sQ = storage.sQ.get_tensor(ring_layout.outer, swizzle=ring_layout.inner)
@@ -425,14 +445,16 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
             self.bulk_add_rows(acc_dV, thr_kv, storage.sdO.data_ptr(), mdV, (bh * nb + kv) * BLOCK, size,
                                Float32(1.0), wtid, EPI_WG1)
         elif const_expr(self.ticket_dkv):
-            self.store_rows_ticket(acc_dV, thr_kv, mdV, (bh * nb + kv) * BLOCK, size, Float32(1.0), 1, wtid, ticket_args)
+            self.store_rows_ticket(acc_dV, thr_kv, mdV, (bh * nb + kv) * BLOCK, size, Float32(1.0), 1, wtid, ticket_args,
+                                   (mma_kv, tile_layout, bh * nb + kv, *tma_args))
         else:
-            self.store_rows(acc_dV, thr_kv, mdV, (bh * nb + kv) * BLOCK, size, Float32(1.0))
+            self.store_rows(acc_dV, thr_kv, mdV, (bh * nb + kv) * BLOCK, size, Float32(1.0),
+                            (mma_kv, tile_layout, bh * nb + kv, *tma_args), wtid)
 
     # ---- WG2: dP, dS, dQ, dK
     @cute.jit
     def wg_dp_dq_dk(self, mdK, mma_s, mma_kv, mma_dq, tile_layout, ring_layout, ds_layout, dq_ring, storage, bar_kv, pipe_q,
-                    pipe_do, sm_scale, wtid, kv, bh, nb, count, size, ticket_args):
+                    pipe_do, sm_scale, wtid, kv, bh, nb, count, size, ticket_args, tma_args):
         bf = self.dtype
         sK = storage.sK.get_tensor(tile_layout.outer, swizzle=tile_layout.inner)
         sV = storage.sV.get_tensor(tile_layout.outer, swizzle=tile_layout.inner)
@@ -520,9 +542,11 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
             self.bulk_add_rows(acc_dK, thr_kv, storage.sQ.data_ptr(), mdK, (bh * nb + kv) * BLOCK, size, sm_scale,
                                wtid, WG2_SYNC)
         elif const_expr(self.ticket_dkv):
-            self.store_rows_ticket(acc_dK, thr_kv, mdK, (bh * nb + kv) * BLOCK, size, sm_scale, 0, wtid, ticket_args)
+            self.store_rows_ticket(acc_dK, thr_kv, mdK, (bh * nb + kv) * BLOCK, size, sm_scale, 0, wtid, ticket_args,
+                                   (mma_kv, tile_layout, bh * nb + kv, *tma_args))
         else:
-            self.store_rows(acc_dK, thr_kv, mdK, (bh * nb + kv) * BLOCK, size, sm_scale)
+            self.store_rows(acc_dK, thr_kv, mdK, (bh * nb + kv) * BLOCK, size, sm_scale,
+                            (mma_kv, tile_layout, bh * nb + kv, *tma_args), wtid)
 
     @cute.jit
     def gemm_dq(self, mma_dq, acc_dQ: cute.Tensor, tQrdS: cute.Tensor, tQrKt: cute.Tensor, size: Int32):
@@ -594,19 +618,19 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
 
     @cute.jit
     def store_rows_ticket(self, acc, thr_kv, mOut, row0: Int32, size: Int32, scale: Float32, tensor: cutlass.Constexpr,
-                          wtid, ticket_args):
+                          wtid, ticket_args, tma_args):
         """``ticket_dkv``'s epilogue: the bf16 rows written once, by this CTA when it is the kv block's only
         group with work, else by the group that finishes last (``last_arrival``)."""
         mWs, mTk, mGB, item, num = ticket_args
         parts = group_parts(mGB, item, num)
         if parts <= 1:
-            self.store_rows(acc, thr_kv, mOut, row0, size, scale)
+            self.store_rows(acc, thr_kv, mOut, row0, size, scale, tma_args, wtid)
         else:
             if add_rows_last_arrival(acc, scale, parts, mWs, mTk, item, cute.size(mGB.shape[0]), tensor, wtid):
-                self.store_rows(acc, thr_kv, mOut, row0, size, Float32(1.0))
+                self.store_rows(acc, thr_kv, mOut, row0, size, Float32(1.0), tma_args, wtid)
 
     @cute.jit
-    def store_rows(self, acc, thr_kv, mOut, row0: Int32, size: Int32, scale: Float32):
+    def store_rows(self, acc, thr_kv, mOut, row0: Int32, size: Int32, scale: Float32, tma_args=None, wtid=None):
         """``mOut[row0 + r, c] = bf16(acc * scale)``, rows of padded keys (``r >= size``) exactly 0; with
         ``grouped``, ``mOut`` is the fp32 accumulator (zeroed by the caller) and ``acc * scale`` is added
         into it (fp32 reductions; the padded rows are left untouched, 0)."""
@@ -622,14 +646,39 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
             else:
                 if r >= size:
                     v = Float32(0.0)
-                if const_expr(not self.pair_stores):
+                if const_expr(not self.pair_stores and not self.tma_dkv):
                     mOut[row0 + r, c] = bf(v)
                 else:
                     rOut[i] = bf(v)
-        if const_expr(self.pair_stores and not self.grouped):  # adjacent columns' pairs: 32-bit stores
+        if const_expr(self.tma_dkv):
+            self.tma_store_rows(rOut, tma_args, wtid)
+        elif const_expr(self.pair_stores and not self.grouped):  # adjacent columns' pairs: 32-bit stores
             gOut = cute.make_tensor(mOut.iterator + cute.crd2idx((row0, 0), mOut.layout),
                                     cute.make_layout((BLOCK, HEAD_DIM), stride=(HEAD_DIM, 1)))
             cute.autovec_copy(rOut, thr_kv.partition_C(gOut))
+
+    @cute.jit
+    def tma_store_rows(self, rOut: cute.Tensor, tma_args, wtid):
+        """``tma_dkv``: this warp's 16 rows of the bf16 tile ``rOut`` (the accumulator's fragment order)
+        into the swizzled staging tile by stmatrix, then two TMA stores of 16 x 64 pieces into the kv
+        block's rows; the warp's lane 0 waits until the TMA unit has read them."""
+        mma_kv, tile_layout, kv_rb, tma_atom, mT, smem = tma_args
+        sT = smem.get_tensor(tile_layout.outer, swizzle=tile_layout.inner)
+        copy_rows, _, _ = quack_copy.get_smem_store_C(mma_kv, sT, wtid)
+        copy_rows(rOut)
+        cute.arch.fence_proxy("async.shared", space="cta")
+        cute.arch.sync_warp()
+        warp = wtid // 32
+        if wtid % 32 == 0:
+            half = HEAD_DIM // 2
+            s16 = cute.flat_divide(sT, (PIECE_ROWS, half))  # (16, 64, row pieces, column halves)
+            g16 = cute.flat_divide(mT, (PIECE_ROWS, half))
+            ts, tg = cpasync.tma_partition(tma_atom, 0, cute.make_layout(1), cute.group_modes(s16, 0, 2),
+                                           cute.group_modes(g16, 0, 2))
+            for hh in cutlass.range_constexpr(2):
+                cute.copy(tma_atom, ts[None, warp, hh], tg[None, kv_rb * (BLOCK // PIECE_ROWS) + warp, hh])
+            cute.arch.cp_async_bulk_commit_group()
+            cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     # ------------------------------------------------------------------ compilation
     def fake_args(self) -> tuple:
