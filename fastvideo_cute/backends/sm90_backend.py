@@ -84,9 +84,12 @@ _INT32_MAX = 2**31 - 1
 # 1.3-1.4 % faster where q groups run, 19.49 vs 19.80 ms at 65,536 and 7.51 vs 7.60 ms on the grid's two
 # H100 groups; one group unchanged; bwd64_sm90_h100_zv_ticket.json, 2026-12-06); pair_stores, the bf16 dK/dV
 # rows by 32-bit stores of adjacent columns instead of 2-byte ones (3.5 % faster at 32,768 tokens, 3.8 % on
-# the grid, 1.6 % at 65,536 on the H100: bwd64_sm90_h100_pairs.json, _pairs2.json)
+# the grid, 1.6 % at 65,536 on the H100: bwd64_sm90_h100_pairs.json, _pairs2.json), and in its place tma_dkv,
+# each warp's bf16 rows by stmatrix and two TMA stores (H100, same run: 1.104x / 1.078x cuDNN's blk64 backward
+# at 32,768 tokens / on the grid against pair_stores' 1.082x / 1.055x; 1.039x against 1.034x at 65,536 over
+# seven rounds: bwd64_sm90_h100_tma.json, _tma65k.json)
 _BWD_WS_CONFIG = {"narrow_dq": True, "p_stages": 2, "flat_dq": True, "zero_pad_v": True, "ticket_dkv": True,
-                  "pair_stores": True}
+                  "tma_dkv": True}
 
 
 def _backward_problem(call: CallInfo) -> Optional[str]:
