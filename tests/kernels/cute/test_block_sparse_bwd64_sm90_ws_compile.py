@@ -222,5 +222,9 @@ def test_tma_dkv_writes_each_warps_rows_by_stmatrix_and_two_tma_stores():
     assert report.count("HGMMA") == 34
     assert report.count("STSM.16.M88.4") == 2 * 2 * 8 and report.count("UTMASTG") == 2 * 2 * 2
     assert report.count("STG.E.U16") == 0 and len(re.findall(r"STG\.E desc", report.sass)) == 0
+    # the stores are issued by each warp's lane 0 alone: a TMA store (unlike the DSL's loads) must not
+    # elect within the warp (docs/pitfalls.md), so the build holds no ELECT the ticket build lacks
+    ticket = _route_build(zero_pad_v=True, ticket_dkv=True)
+    assert report.count("ELECT") == ticket.count("ELECT"), (report.count("ELECT"), ticket.count("ELECT"))
     with pytest.raises(ValueError, match="tma_dkv"):
         sm90_ws_main_kernel(tma_dkv=True, grouped=True)
