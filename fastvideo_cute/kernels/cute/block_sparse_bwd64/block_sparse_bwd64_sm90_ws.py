@@ -104,7 +104,7 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
     ``(b*H + h, g, kv)`` in that order from ``w`` (``order`` unused), so the CTAs resident together
     read Q/dO and reduce dQ within one head's q group (L2), and dk/dv must be ``grouped``
     accumulators or the build ``ticket_dkv`` (``ws``: fp32, ``items * 2 * 64 * 128`` elements; ``tk``: int32
-    ``items * 16``, zero; both unused by other builds, which take any small tensors there)."""
+    ``items * limits.TICKET_COUNTERS``, zero; both unused by other builds, which take any small tensors there)."""
 
     name = "block_sparse_bwd64_sm90_ws"
 

@@ -20,7 +20,7 @@ ticket from its own counter:
 part exit before their loops and take no ticket); with ``n == 1`` the rows are written directly,
 as without q groups. A waiting warp only waits on warps that already took a ticket, so they are
 resident and finish: no deadlock whatever order the CTAs run in. The counters
-(``[items, 2, 4, 2]`` int32: tensor, warp, ticket/done) must be zero at launch (the host zeroes them).
+(``[items, 2, 4, 2]`` int32, ``limits.TICKET_COUNTERS`` per item: tensor, warp, ticket/done) must be zero at launch (the host zeroes them).
 The sum's order follows the tickets, so dK / dV are not bitwise run to run with several groups
 (neither were the accumulators'); with one group they are.
 """
@@ -31,9 +31,11 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64
 
+from .limits import BLOCK, HEAD_DIM, TICKET_COUNTERS
+
 __all__ = ["TILE", "group_parts", "add_rows_last_arrival"]
 
-TILE = 64 * 128  # floats of one kv block's dK (or dV) tile in the workspace
+TILE = BLOCK * HEAD_DIM  # floats of one kv block's dK (or dV) tile in the workspace
 WG = 128
 
 
@@ -61,7 +63,7 @@ def add_rows_last_arrival(acc: cute.Tensor, scale: Float32, parts: Int32, mWs: c
     lane = wtid % 32
     for i in cutlass.range_constexpr(cute.size(acc)):
         acc[i] = acc[i] * scale
-    counter = mTk.iterator + ((item * 2 + tensor) * 4 + warp) * 2
+    counter = mTk.iterator + item * TICKET_COUNTERS + (tensor * 4 + warp) * 2
     ticket = Int32(0)
     if lane == 0:
         ticket = cute.arch.atomic_add(counter, Int32(1), sem="relaxed", scope="gpu")

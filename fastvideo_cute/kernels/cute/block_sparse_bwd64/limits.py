@@ -8,6 +8,9 @@ from ..limits import INT32_MAX
 
 BLOCK = 64  # tokens per q / kv block
 HEAD_DIM = 128
+#: int32 counters per kv block item of the warp-specialized Hopper kernel's ``ticket_dkv`` (``last_arrival``):
+#: [2 tensors (dK, dV), 4 warps, (ticket, done)]
+TICKET_COUNTERS = 2 * 4 * 2
 
 # Grid x of the common stages is B*H*S/64 and row indices are int32; the k2q list is addressed
 # with int32 offsets.
