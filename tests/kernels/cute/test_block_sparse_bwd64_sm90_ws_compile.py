@@ -228,3 +228,27 @@ def test_tma_dkv_writes_each_warps_rows_by_stmatrix_and_two_tma_stores():
     assert report.count("ELECT") == ticket.count("ELECT"), (report.count("ELECT"), ticket.count("ELECT"))
     with pytest.raises(ValueError, match="tma_dkv"):
         sm90_ws_main_kernel(tma_dkv=True, grouped=True)
+
+
+def test_dq_last_counts_q_blocks_down_and_converts_in_warps_two_and_three():
+    """``dq_last=True`` (on the route's build): the producer warpgroup keeps 32 registers (warps 2-3
+    convert); the store warp counts a q block down by one gpu-scope acq_rel atomic after its reduction
+    has completed (the in-loop and the last call sites: two integer ATOMG more than the same build
+    without it, each behind the async-proxy fence), and sends one message a step through the shared
+    slots; the converting warps read the tile by 2 x 16 128-bit loads and write bf16 pairs (2 x 4 x 2 x 4
+    four-byte stores), after an acquire fence. No spill; refused without ``flat_dq``."""
+    from fastvideo_cute.kernels.cute.block_sparse_bwd64 import sm90_ws_main_kernel
+
+    route = dict(zero_pad_v=True, ticket_dkv=True, tma_dkv=True)
+    base = _route_build(**route)
+    report = _route_build(**route, dq_last=True)
+    assert "USETMAXREG.DEALLOC.CTAPOOL 0x20" in report.sass and "USETMAXREG.DEALLOC.CTAPOOL 0x18" in base.sass
+    int_atomics = [ln for ln in report.sass.splitlines() if "ATOMG.E.ADD.STRONG.GPU" in ln]
+    base_atomics = [ln for ln in base.sass.splitlines() if "ATOMG.E.ADD.STRONG.GPU" in ln]
+    assert len(int_atomics) == len(base_atomics) + 2, (len(int_atomics), len(base_atomics))
+    assert report.sass.count("FENCE.VIEW.ASYNC.G") >= base.sass.count("FENCE.VIEW.ASYNC.G") + 2
+    assert report.count("LDG.E.128") == base.count("LDG.E.128") + 2 * 16
+    assert len(re.findall(r"STG\.E desc", report.sass)) == 2 * 4 * 2 * 4
+    assert report.count("UBLKRED") == base.count("UBLKRED")
+    with pytest.raises(ValueError, match="flat_dq"):
+        sm90_ws_main_kernel(dq_last=True)

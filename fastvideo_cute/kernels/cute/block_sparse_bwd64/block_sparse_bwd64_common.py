@@ -13,7 +13,10 @@ the CTA's block index is also the kv work item ``(b*H + h) * nb + kv`` (``S == 6
     key), so the main kernel's ``P = exp2(s * scale_log2 - lse2)`` is 0 there, never NaN;
   - ``dq_accum`` rows of the block zeroed (fp32; the main kernel reduce-adds into it);
   - if ``k2q_num[item] == 0`` (no q block selected kv block ``kv``): the block's dk and dv rows
-    written as exact zeros (the main kernel skips the item; the outputs are ``empty_like``).
+    written as exact zeros (the main kernel skips the item; the outputs are ``empty_like``);
+  - with ``zero_dq`` (the chain of a main kernel that writes bf16 dq itself, the Hopper
+    warp-specialized kernel's ``dq_last``): if ``q_counts[block] == 0`` (no kv block selected by q
+    block ``block``) its dq rows written as exact zeros (no CTA of the main kernel adds into it).
 
 ``BlockSparseBwd64Postprocess`` -- one CTA (256 threads) per 64-row block:
 ``dq = bf16(dq_accum * sm_scale)``, rows with ``lse == -inf`` exactly 0 whatever ``dq_accum`` holds.
@@ -41,7 +44,7 @@ import cuda.bindings.driver as cuda
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Int32
+from cutlass import Float32, Int32, const_expr
 
 from fastvideo_cute.jit import CuteKernel, fake_matrix, fake_stream, fake_vector
 
@@ -59,11 +62,13 @@ def _tiled_copy_2d(dtype, threads_per_row: int, num_threads: int, elems: int) ->
 
 class BlockSparseBwd64Preprocess(CuteKernel):
     """delta, lse2, dq_accum zeroing, dk/dv zero rows of unselected kv blocks (see the module).
-    Called (compiled) as ``fn(o2d, do2d, lse1d, delta1d, lse2_1d, dqacc2d, dk2d, dv2d, k2q_num1d)``."""
+    Called (compiled) as ``fn(o2d, do2d, lse1d, delta1d, lse2_1d, dqacc2d, dk2d, dv2d, k2q_num1d, q_counts1d,
+    dq2d)``; the last two are read only with ``zero_dq`` (else any int32 vector and bf16 ``[*, 128]``)."""
 
     name = "block_sparse_bwd64_preprocess"
 
-    def __init__(self):
+    def __init__(self, zero_dq: bool = False):
+        self.zero_dq = bool(zero_dq)
         self.dtype = cutlass.BFloat16
         self.num_threads = NUM_THREADS
         # bf16 tiles: 16 threads x 8 elements (128-bit) per row, 16 rows a pass, 4 passes.
@@ -72,7 +77,7 @@ class BlockSparseBwd64Preprocess(CuteKernel):
         self.f32_threads_per_row = HEAD_DIM // 4
 
     def config(self):
-        return {}
+        return {"zero_dq": self.zero_dq}
 
     @cute.jit
     def __call__(
@@ -86,12 +91,14 @@ class BlockSparseBwd64Preprocess(CuteKernel):
         mdK: cute.Tensor,  # [R, 128] bf16 (out: zero rows of unselected kv blocks)
         mdV: cute.Tensor,  # [R, 128] bf16
         mK2QNum: cute.Tensor,  # [B*H*nb] int32
+        mQCnt: cute.Tensor,  # [B*H*nb] int32 (zero_dq)
+        mdQ: cute.Tensor,  # [R, 128] bf16 (zero_dq; out: zero rows of q blocks no kv block selected)
         stream: cuda.CUstream,
     ):
         copy_bf16 = _tiled_copy_2d(self.dtype, self.bf16_threads_per_row, self.num_threads, 8)
         copy_f32 = _tiled_copy_2d(Float32, self.f32_threads_per_row, self.num_threads, 4)
         num_blocks = cute.size(mK2QNum.shape[0])
-        self.kernel(mO, mdO, mLSE, mDelta, mLSE2, mdQaccum, mdK, mdV, mK2QNum, copy_bf16, copy_f32).launch(
+        self.kernel(mO, mdO, mLSE, mDelta, mLSE2, mdQaccum, mdK, mdV, mK2QNum, mQCnt, mdQ, copy_bf16, copy_f32).launch(
             grid=[num_blocks, 1, 1], block=[self.num_threads, 1, 1], stream=stream
         )
 
@@ -107,6 +114,8 @@ class BlockSparseBwd64Preprocess(CuteKernel):
         mdK: cute.Tensor,
         mdV: cute.Tensor,
         mK2QNum: cute.Tensor,
+        mQCnt: cute.Tensor,
+        mdQ: cute.Tensor,
         copy_bf16: cute.TiledCopy,
         copy_f32: cute.TiledCopy,
     ):
@@ -161,6 +170,14 @@ class BlockSparseBwd64Preprocess(CuteKernel):
             cute.copy(copy_bf16, zero_bf16, tKgK)
             cute.copy(copy_bf16, zero_bf16, tVgV)
 
+        # ---- dq = 0 on q blocks no kv block selected (zero_dq)
+        if const_expr(self.zero_dq):
+            if mQCnt[blk] == 0:
+                tQgdQ = thr_bf16.partition_D(cute.local_tile(mdQ, tile, (blk, 0)))
+                zero_q = cute.make_rmem_tensor_like(tQgdQ)
+                zero_q.fill(0.0)
+                cute.copy(copy_bf16, zero_q, tQgdQ)
+
     # ------------------------------------------------------------------ compilation
     def fake_args(self) -> tuple:
         rows, items = cute.sym_int32(), cute.sym_int32()
@@ -174,7 +191,9 @@ class BlockSparseBwd64Preprocess(CuteKernel):
         num = fake_vector(Int32, items, align=4)
         bf = self.dtype
         return (rows_x_dim(bf, 16), rows_x_dim(bf, 16), per_row(), per_row(), per_row(),
-                rows_x_dim(Float32, 16), rows_x_dim(bf, 16), rows_x_dim(bf, 16), num, fake_stream())
+                rows_x_dim(Float32, 16), rows_x_dim(bf, 16), rows_x_dim(bf, 16), num,
+                fake_vector(Int32, cute.sym_int32(), align=4), fake_matrix(bf, cute.sym_int32(), HEAD_DIM, align=16),
+                fake_stream())
 
 
 class BlockSparseBwd64Postprocess(CuteKernel):
