@@ -1,15 +1,19 @@
 """Block-map metadata: index lists and logical -> physical block expansion.
 
 Everything here is plain torch on the tensors' own device: no host synchronisation, no
-atomics, and a result that depends only on the input values (sorted lists). The one exception
-is :func:`map_to_index` on a CUDA map, which runs one fused Triton launch
-(``fastvideo_cute.kernels.triton.map_to_index``) with the same result bit for bit; its torch
-path (:func:`_map_to_index_torch`) is the reference and the CPU path.
+atomics, and a result that depends only on the input values (sorted lists). The exceptions
+are :func:`map_to_index` on a CUDA map, which runs one fused Triton launch
+(``fastvideo_cute.kernels.triton.map_to_index``) with the same result bit for bit (its torch
+path, :func:`_map_to_index_torch`, is the reference and the CPU path), and
+:meth:`BlockSparsity.k2q` on a CUDA map with :data:`FUSED_K2Q` on (off for now:
+``fastvideo_cute.kernels.triton.k2q_lists``, the same first ``num`` entries of each row, the rest
+unwritten).
 
 Layouts (all int32, GPU-resident when the map is):
 - q2k: ``idx [B, H, Qb, KVb]`` (first ``num[b, h, i]`` entries are the kv blocks query block
   i selected, ascending; the rest is filler that kernels never read), ``num [B, H, Qb]``.
-- k2q: the transpose, ``idx [B, H, KVb, Qb]``, ``num [B, H, KVb]``.
+- k2q: the transpose, ``idx [B, H, KVb, Qb]``, ``num [B, H, KVb]`` (from the fused
+  :meth:`BlockSparsity.k2q` the entries past ``num`` are unspecified).
 
 :class:`BlockSparsity` is what the ops hand a backend: the selection of one call as it arrived
 (a bool map, or q2k lists such as ``video_sparse_attn``'s top-k writes), with the other form
@@ -84,6 +88,27 @@ def _fused_map_to_index():
         else:
             _FUSED = (map_to_index_fused, MAX_COLS)
     return _FUSED or None
+
+
+_K2Q = None  # k2q_lists_fused once imported; False if Triton is not importable
+#: whether :meth:`BlockSparsity.k2q` takes the fused kernel on CUDA. Off until the kernel has run on a
+#: GPU: it is exact under the Triton interpreter (tests/kernels/triton/test_k2q_lists.py) but was written
+#: in a session whose device did not start, and the backward's lists come from it (2026-12-06).
+FUSED_K2Q = False
+
+
+def _fused_k2q_lists():
+    """:meth:`BlockSparsity.k2q`'s fused kernel (``k2q_lists_fused``), imported lazily (and once):
+    ``None`` when Triton (or the kernel module) cannot be imported."""
+    global _K2Q
+    if _K2Q is None:
+        try:
+            from fastvideo_cute.kernels.triton.k2q_lists import k2q_lists_fused
+        except Exception:  # noqa: BLE001 - no usable Triton: map_to_index of the transpose
+            _K2Q = False
+        else:
+            _K2Q = k2q_lists_fused
+    return _K2Q or None
 
 
 def _map_to_index_torch(block_map: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -269,5 +294,19 @@ class BlockSparsity:
         return self._idx, self._num
 
     def k2q(self) -> Tuple[torch.Tensor, torch.Tensor]:
-        """The transposed lists (``[B, H, KVb, Qb]``, ``[B, H, KVb]``), ascending."""
-        return map_to_index(self.block_map().transpose(-2, -1))
+        """The transposed lists (``idx [B, H, KVb, Qb]``, ``num [B, H, KVb]``, int32, contiguous):
+        the first ``num[b, h, j]`` entries of ``idx[b, h, j]`` are the q blocks that selected kv
+        block ``j``, ascending.
+
+        With :data:`FUSED_K2Q` on, a CUDA map (Triton importable, not while ``torch.compile`` traces) takes one
+        ``fastvideo_cute.kernels.triton.k2q_lists`` launch, which writes only those entries: the
+        rest of each row is unspecified (uninitialised memory). Every other map takes
+        :func:`map_to_index` of the transposed map, whose rows go on with the unselected q blocks.
+        Consumers (the sm90 / sm100 backward) read only the first ``num`` entries of a row."""
+        block_map = self.block_map()
+        _check_map(block_map)
+        if FUSED_K2Q and block_map.is_cuda and block_map.dim() >= 2 and not torch.compiler.is_compiling():
+            fused = _fused_k2q_lists()
+            if fused is not None:
+                return fused(block_map)
+        return map_to_index(block_map.transpose(-2, -1))

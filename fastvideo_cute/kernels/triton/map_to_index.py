@@ -59,6 +59,36 @@ def _map_to_index_kernel(
     tl.store(Num + rows, num, mask=rmask)
 
 
+def _check_map_dims(block_map: torch.Tensor) -> None:
+    """``ValueError`` naming ``block_map`` unless it has at least two dims ``[..., R, C]``."""
+    if block_map.dim() < 2:
+        raise ValueError(f"block_map must have at least 2 dims [..., R, C], got shape {tuple(block_map.shape)}")
+
+
+def _check_output(name: str, out: torch.Tensor, shape: Tuple[int, ...], device: torch.device) -> None:
+    """``ValueError`` naming the output ``name`` unless it is an int32 tensor of ``shape``,
+    contiguous, on ``device``."""
+    if tuple(out.shape) != tuple(shape):
+        raise ValueError(f"{name} must have shape {tuple(shape)}, got {tuple(out.shape)}")
+    if out.dtype != torch.int32:
+        raise ValueError(f"{name} must be int32, got {out.dtype}")
+    if out.device != device:
+        raise ValueError(f"{name} must be on {device}, got {out.device}")
+    if not out.is_contiguous():
+        raise ValueError(f"{name} must be contiguous")
+
+
+def _loadable(block_map: torch.Tensor) -> torch.Tensor:
+    """The map in a dtype the kernels load and compare ``!= 0``: bool as a uint8 view (same
+    itemsize: a view whatever the strides), :data:`_NATIVE_DTYPES` as they are, any other dtype
+    as ``(map != 0)`` viewed as uint8 (a copy)."""
+    if block_map.dtype == torch.bool:
+        return block_map.view(torch.uint8)
+    if block_map.dtype not in _NATIVE_DTYPES:
+        return (block_map != 0).view(torch.uint8)
+    return block_map
+
+
 def _flatten_leading(block_map: torch.Tensor) -> torch.Tensor:
     """``[..., R, C]`` -> ``[N, R, C]``: a view when the leading dims allow it (a transposed map
     does), else a copy (``reshape``). A map without leading dims gets ``N = 1``."""
@@ -77,32 +107,19 @@ def map_to_index_triton(block_map: torch.Tensor, idx_out: torch.Tensor, num_out:
     ``(rows per program, warps)`` instead of :func:`launch_config`'s (the benchmark's sweep); every
     config writes the same lists.
     """
-    if block_map.dim() < 2:
-        raise ValueError(f"block_map must have at least 2 dims [..., R, C], got shape {tuple(block_map.shape)}")
+    _check_map_dims(block_map)
     shape = tuple(block_map.shape)
     R, C = shape[-2:]
     if C > MAX_COLS:
         raise ValueError(f"block_map has {C} columns; the fused kernel handles at most {MAX_COLS}")
-    for name, out, want in (("idx_out", idx_out, shape), ("num_out", num_out, shape[:-1])):
-        if tuple(out.shape) != want:
-            raise ValueError(f"{name} must have shape {want}, got {tuple(out.shape)}")
-        if out.dtype != torch.int32:
-            raise ValueError(f"{name} must be int32, got {out.dtype}")
-        if out.device != block_map.device:
-            raise ValueError(f"{name} must be on {block_map.device}, got {out.device}")
-        if not out.is_contiguous():
-            raise ValueError(f"{name} must be contiguous")
+    _check_output("idx_out", idx_out, shape, block_map.device)
+    _check_output("num_out", num_out, shape[:-1], block_map.device)
     if num_out.numel() == 0:  # no rows
         return
     if C == 0:  # zero-width rows: nothing selected, no idx entries
         num_out.zero_()
         return
-    if block_map.dtype == torch.bool:
-        block_map = block_map.view(torch.uint8)  # same itemsize: a view whatever the strides
-    elif block_map.dtype not in _NATIVE_DTYPES:
-        block_map = block_map != 0
-        block_map = block_map.view(torch.uint8)
-    m = _flatten_leading(block_map)
+    m = _flatten_leading(_loadable(block_map))
     # At least 16 lanes: C = 1..16 share one compiled kernel, and no degenerate 1-lane scan.
     block_c = max(triton.next_power_of_2(C), 16)
     rows, num_warps = config if config is not None else launch_config(block_c)
@@ -138,8 +155,7 @@ def _launch(m, idx_out, num_out, R, C, nrows, block_c, rows, num_warps) -> None:
 def map_to_index_fused(block_map: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     """Allocating form of :func:`map_to_index_triton`: ``(idx [..., R, C], num [..., R])``, int32,
     contiguous, on the map's device."""
-    if block_map.dim() < 2:
-        raise ValueError(f"block_map must have at least 2 dims [..., R, C], got shape {tuple(block_map.shape)}")
+    _check_map_dims(block_map)
     shape = tuple(block_map.shape)
     idx = torch.empty(shape, dtype=torch.int32, device=block_map.device)
     num = torch.empty(shape[:-1], dtype=torch.int32, device=block_map.device)
