@@ -404,40 +404,39 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
     def dq_store_flat(self, mdQaccum, mIdx, storage, item, bh, nb, base, count, last_args):
         """``flat_dq``'s store warp: lane 0 adds each staged tile (32 KB, register order) into q block
         ``rb``'s 32 KB of ``dq_accum`` by one bulk reduce-add; its bulk groups are lane 0's, so lane 0
-        alone waits on them, and the whole warp meets the named barriers. With ``dq_last`` lane 0 also
-        counts step ``t - 1``'s q block down once its reduction has completed (the atomic issued in step
-        ``t``, its result sent to the converting warps in step ``t + 1``, so no step waits on it)."""
+        alone waits on them, and the whole warp meets the named barriers. With ``dq_last`` lane 0, at the
+        top of step ``t`` (the buffer released to WG2, which is still computing step ``t``'s dQ), waits for
+        step ``t - 1``'s reduction to complete and counts that q block down, so no bulk operation is in
+        flight across the fences; the count it found is sent to the converting warps after step ``t``'s
+        reduction is issued (the atomic's round trip under the wait for the staged tile)."""
         lane = cute.arch.lane_idx()
         tile = BLOCK * HEAD_DIM
         mQc, pipe_cv = last_args
         state_cv = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, CONV_STAGES)
-        prev_rb = Int32(-1)  # step t - 1's q block (its reduction in flight)
-        pend_rb = Int32(-1)  # step t - 2's q block and the count its arrival found
-        pend_old = Int32(0)
+        prev_rb = Int32(-1)  # step t - 1's q block
+        old = Int32(0)  # the count its arrival found
         for t in cutlass.range(count, unroll=1):
             rb = bh * nb + mIdx[item, base + t]
             d = t % self.dq_stages
             if lane == 0:  # the reduction of step t - dq_stages (the same buffer) has read it
                 cute.arch.cp_async_bulk_wait_group(self.dq_stages - 1, read=True)
             cute.arch.barrier_arrive(barrier_id=DQ_FREE + d, number_of_threads=WG + 32)
+            if const_expr(self.dq_last):
+                if lane == 0:
+                    if t >= 1:
+                        cute.arch.cp_async_bulk_wait_group(0)  # step t - 1's reduction has completed
+                        old = self.arrive_q(mQc, prev_rb)
             cute.arch.barrier(barrier_id=DQ_FULL + d, number_of_threads=WG + 32)
             if lane == 0:
                 bulk_reduce_add_f32(storage.sdQ.data_ptr() + d * tile, mdQaccum.iterator + rb * tile, tile * 4)
                 cute.arch.cp_async_bulk_commit_group()
                 if const_expr(self.dq_last):
-                    if t >= 2:
-                        self.send_arrival(storage, pipe_cv, state_cv, pend_rb, pend_old)
-                        state_cv.advance()
                     if t >= 1:
-                        cute.arch.cp_async_bulk_wait_group(1)  # step t - 1's reduction has completed
-                        pend_old = self.arrive_q(mQc, prev_rb)
-                        pend_rb = prev_rb
+                        self.send_arrival(storage, pipe_cv, state_cv, prev_rb, old)
+                        state_cv.advance()
             prev_rb = rb
         if lane == 0:
             if const_expr(self.dq_last):
-                if count >= 2:
-                    self.send_arrival(storage, pipe_cv, state_cv, pend_rb, pend_old)
-                    state_cv.advance()
                 cute.arch.cp_async_bulk_wait_group(0)
                 self.send_arrival(storage, pipe_cv, state_cv, prev_rb, self.arrive_q(mQc, prev_rb))
             else:
