@@ -286,27 +286,41 @@ class BlockSparseBwd64PostprocessFrag(CuteKernel):
     def kernel(self, mdQaccum: cute.Tensor, mLSE: cute.Tensor, mdQ: cute.Tensor, sm_scale: Float32):
         tidx, _, _ = cute.arch.thread_idx()
         blk, _, _ = cute.arch.block_idx()
-        tile = BLOCK * HEAD_DIM
-        src = cute.make_tensor(mdQaccum.iterator + cute.assume(blk * tile + tidx * 4, divby=4),
-                               cute.make_layout((4, 16), stride=(1, 4 * self.num_threads)))
-        acc = cute.make_rmem_tensor((4, 16), Float32)
-        cute.autovec_copy(src, acc)
-        lane = tidx % 32
-        row0 = blk * BLOCK + (tidx // 32) * 16 + lane // 4
-        col0 = (lane % 4) * 2
-        for h in cutlass.range_constexpr(2):
-            row = row0 + 8 * h
-            out = cute.make_rmem_tensor((2, 16), self.dtype)
-            for i in cutlass.range_constexpr(16):
-                for e in cutlass.range_constexpr(2):
-                    out[e, i] = self.dtype(acc[2 * h + e, i] * sm_scale)
-            if mLSE[row] == -Float32.inf:
-                out.fill(0.0)
-            dst = cute.make_tensor(mdQ.iterator + cute.assume(row * HEAD_DIM + col0, divby=2),
-                                   cute.make_layout((2, 16), stride=(1, 8)))
-            cute.autovec_copy(out, dst)
+        frag_tile_to_rows(mdQaccum, mdQ, blk, tidx, sm_scale, mLSE, -Float32.inf, self.dtype, 1)
 
     fake_args = BlockSparseBwd64Postprocess.fake_args  # the same arguments
+
+
+@cute.jit
+def frag_tile_to_rows(mdQaccum: cute.Tensor, mdQ: cute.Tensor, rb, t, sm_scale: Float32, mStat: cute.Tensor,
+                      empty: Float32, dtype: cutlass.Constexpr, passes: cutlass.Constexpr):
+    """Thread ``t``'s share (``t`` < 128, one thread of the accumulator's warpgroup) of q block ``rb``'s
+    register-ordered dq_accum tile (floats ``512 i + 4 t .. + 3``, i < 16: dQ's rows ``16 (t // 32) +
+    t % 32 // 4 (+ 8)``, columns ``8 i + 2 (t % 4) (+ 1)``) into ``mdQ``'s rows as ``dtype(acc *
+    sm_scale)``, rows whose ``mStat`` value equals ``empty`` (no valid key) exactly 0; in ``passes``
+    passes of ``16 / passes`` register groups (fewer registers live: the Hopper warp-specialized
+    kernel's ``dq_last`` converts with 32 registers a thread). ``BlockSparseBwd64PostprocessFrag``
+    (one pass, natural-log LSE, ``-inf``) and ``dq_last`` (four passes, ``lse2``, ``+inf``)."""
+    tile = BLOCK * HEAD_DIM
+    per = 16 // passes
+    row0 = rb * BLOCK + (t // 32) * 16 + (t % 32) // 4
+    col0 = (t % 4) * 2
+    for q in cutlass.range_constexpr(passes):
+        src = cute.make_tensor(mdQaccum.iterator + cute.assume(rb * tile + q * per * 512 + t * 4, divby=4),
+                               cute.make_layout((4, per), stride=(1, 512)))
+        acc = cute.make_rmem_tensor((4, per), Float32)
+        cute.autovec_copy(src, acc)
+        for h in cutlass.range_constexpr(2):
+            row = row0 + 8 * h
+            out = cute.make_rmem_tensor((2, per), dtype)
+            for i in cutlass.range_constexpr(per):
+                for e in cutlass.range_constexpr(2):
+                    out[e, i] = dtype(acc[2 * h + e, i] * sm_scale)
+            if mStat[row] == empty:
+                out.fill(0.0)
+            dst = cute.make_tensor(mdQ.iterator + cute.assume(row * HEAD_DIM + q * per * 8 + col0, divby=2),
+                                   cute.make_layout((2, per), stride=(1, 8)))
+            cute.autovec_copy(out, dst)
 
 
 def main_fake_args(dtype, io_align: int, tma_align: int) -> tuple:

@@ -63,7 +63,7 @@ from fastvideo_cute.jit import CuteKernel, fake_matrix, fake_vector
 from ..common.bulk import bulk_copy_g2s, bulk_reduce_add_f32
 from ..common.tma import tma_row_tiles
 from ..common.wgmma import wgmma_gemm
-from .block_sparse_bwd64_common import main_fake_args
+from .block_sparse_bwd64_common import frag_tile_to_rows, main_fake_args
 from .last_arrival import add_rows_last_arrival, group_parts
 from .pointwise import dscores_t, probs_t
 from .limits import BLOCK, HEAD_DIM
@@ -466,12 +466,11 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
     def dq_convert(self, mdQaccum, mLSE2, mdQ, storage, pipe_cv, sm_scale, count, u):
         """``dq_last``: warps 2-3 of WG0 (``u`` in [0, 64)) take the store warp's ``count`` messages and
         convert each q block they name: ``dq = bf16(dq_accum * sm_scale)`` from the register-ordered tile,
-        rows with ``lse2 == +inf`` (no valid key) exactly 0 (``BlockSparseBwd64PostprocessFrag``'s
-        arithmetic; each thread plays two of its 128 threads, a quarter of the registers at a time)."""
+        rows with ``lse2 == +inf`` (no valid key) exactly 0 (``frag_tile_to_rows``, the postprocess's
+        code; each thread plays two of its 128 threads, a quarter of the registers at a time)."""
         lane = cute.arch.lane_idx()
         slots = storage.sCv.get_tensor(cute.make_layout((CONV_STAGES,)))
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, CONV_STAGES)
-        tile = BLOCK * HEAD_DIM
         for _t in cutlass.range(count, unroll=1):
             pipe_cv.consumer_wait(state)
             rb = slots[state.index]
@@ -482,25 +481,7 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
             if rb >= 0:
                 cute.arch.fence_acq_rel_gpu()  # the other CTAs' reductions, acquired by the store warp
                 for j in cutlass.range_constexpr(2):
-                    t = u + 64 * j
-                    row0 = rb * BLOCK + (t // 32) * 16 + (t % 32) // 4
-                    col0 = (t % 4) * 2
-                    for q in cutlass.range_constexpr(4):
-                        src = cute.make_tensor(mdQaccum.iterator + cute.assume(rb * tile + q * 2048 + t * 4, divby=4),
-                                               cute.make_layout((4, 4), stride=(1, 4 * WG)))
-                        acc = cute.make_rmem_tensor((4, 4), Float32)
-                        cute.autovec_copy(src, acc)
-                        for h in cutlass.range_constexpr(2):
-                            row = row0 + 8 * h
-                            out = cute.make_rmem_tensor((2, 4), self.dtype)
-                            for i in cutlass.range_constexpr(4):
-                                for e in cutlass.range_constexpr(2):
-                                    out[e, i] = self.dtype(acc[2 * h + e, i] * sm_scale)
-                            if mLSE2[row] == Float32.inf:
-                                out.fill(0.0)
-                            dst = cute.make_tensor(mdQ.iterator + cute.assume(row * HEAD_DIM + q * 32 + col0, divby=2),
-                                                   cute.make_layout((2, 4), stride=(1, 8)))
-                            cute.autovec_copy(out, dst)
+                    frag_tile_to_rows(mdQaccum, mdQ, rb, u + 64 * j, sm_scale, mLSE2, Float32.inf, self.dtype, 4)
 
     # ---- WG1: S, P, dV
     @cute.jit
