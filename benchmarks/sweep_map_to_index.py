@@ -5,7 +5,11 @@
   the sm90 / cuDNN / Triton routes): every ``(rows per program, warps)`` config of
   ``map_to_index_triton(config=)`` on maps of the benchmark's shapes (12.5 % selected), checked
   equal to the default config's lists;
-- the sizes backstop: the Triton kernel beside the torch ops it replaced.
+- the sizes backstop: the Triton kernel beside the torch ops it replaced;
+- ``k2q_lists`` (block map -> the backward's kv-owned lists, ``kernels/triton/k2q_lists.py``): every
+  ``(columns, rows, warps)`` tile of ``k2q_lists_triton`` beside ``map_to_index`` of the transposed map
+  (what ``BlockSparsity.k2q`` runs with ``metadata.FUSED_K2Q`` off), checked equal on the first ``num``
+  entries of each list (``--only k2q`` runs this part alone).
 
 Small kernels are timed from the profiler's device times (events around a 5 us kernel measure
 the host's launch cost instead).
@@ -48,9 +52,13 @@ def main(argv=None) -> int:
 
     p = argparse.ArgumentParser()
     p.add_argument("--out", default=None)
+    p.add_argument("--only", choices=("all", "k2q"), default="all")
     args = p.parse_args(argv)
     rows = []
     g = torch.Generator(device="cuda").manual_seed(0)
+    k2q_rows(g, rows)
+    if args.only == "k2q":
+        return _write(args.out, rows)
     for name, (h, r, c) in SHAPES.items():
         m = torch.rand(1, h, r, c, device="cuda", generator=g) < 0.125
         ref_idx = torch.empty(m.shape, dtype=torch.int32, device="cuda")
@@ -98,9 +106,50 @@ def main(argv=None) -> int:
         validation._BACKSTOP = saved
     rows.append({"kernel": "sizes_backstop", "triton_us": triton_us, "torch_ops_us": torch_us})
     print(f"sizes backstop: triton {triton_us:.2f} us, torch ops {torch_us:.2f} us", flush=True)
-    if args.out:
-        Path(args.out).write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "rows": rows}, indent=1))
+    return _write(args.out, rows)
+
+
+def _write(out, rows) -> int:
+    import torch
+
+    if out:
+        Path(out).write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "rows": rows}, indent=1))
     return 0
+
+
+K2Q_TILES = [(c, r, w) for c, r, w in itertools.product((32, 64), (32, 64, 128), (1, 2, 4))
+             if c * r >= 32 * w]
+
+
+def k2q_rows(g, rows) -> None:
+    """The k2q lists of the 64-token shapes: ``map_to_index`` of the transposed map, then each tile of
+    ``k2q_lists_triton`` (the first ``num`` entries checked equal to it)."""
+    import torch
+
+    from fastvideo_cute.kernels.triton import k2q_lists as K
+    from fastvideo_cute.metadata import map_to_index
+
+    for name, (h, r, c) in SHAPES.items():
+        if not name.endswith("blk64"):
+            continue
+        m = torch.rand(1, h, r, c, device="cuda", generator=g) < 0.125
+        ref_idx, ref_num = map_to_index(m.transpose(-2, -1))
+        used = torch.arange(r, device="cuda") < ref_num[..., None]
+        base = device_us(lambda: map_to_index(m.transpose(-2, -1)))
+        rows.append({"kernel": "k2q_map_to_index_T", "shape": name, "us": base})
+        print(f"k2q {name:16s} map_to_index(T) {base:7.2f} us", flush=True)
+        idx = torch.empty(1, h, c, r, dtype=torch.int32, device="cuda")
+        num = torch.empty(1, h, c, dtype=torch.int32, device="cuda")
+        for cb, rb, w in K2Q_TILES:
+            idx.fill_(-1)
+            K.k2q_lists_triton(m, idx, num, block_c=cb, block_r=rb, num_warps=w)
+            same = bool(torch.equal(num, ref_num) and torch.equal(idx[used], ref_idx[used]))
+            us = device_us(lambda: K.k2q_lists_triton(m, idx, num, block_c=cb, block_r=rb, num_warps=w))
+            default = (cb, rb, w) == (K.BLOCK_C, K.BLOCK_R, K.NUM_WARPS)
+            rows.append({"kernel": "k2q_lists", "shape": name, "tile": [cb, rb, w], "default": default, "us": us,
+                         "same_lists": same})
+            print(f"k2q {name:16s} c{cb}r{rb}w{w}{' (default)' if default else '':10s} {us:7.2f} us same={same}",
+                  flush=True)
 
 
 if __name__ == "__main__":
