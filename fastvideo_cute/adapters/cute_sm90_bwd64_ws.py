@@ -175,7 +175,7 @@ def _q_counts(q_counts: Optional[torch.Tensor], idx: torch.Tensor, k2q_num: torc
     if q_counts is not None:
         if q_counts.numel() != bh * nb:
             raise ValueError(f"q_counts must hold one count per q block ({bh * nb}), got {q_counts.numel()}")
-        return q_counts.to(device=idx.device, dtype=torch.int32).reshape(-1).clone()
+        return q_counts.reshape(-1).to(device=idx.device, dtype=torch.int32, copy=True)
     num = k2q_num.to(torch.int32).reshape(-1, 1)
     valid = torch.arange(idx.shape[1], device=idx.device) < num
     rows = torch.arange(bh, device=idx.device, dtype=torch.int32).repeat_interleave(nb).reshape(-1, 1)
