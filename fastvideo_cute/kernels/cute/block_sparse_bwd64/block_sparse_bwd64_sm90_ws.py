@@ -77,9 +77,12 @@ LOG2E = math.log2(math.e)
 # thread triple fits the 64 K register file with one CTA per SM; WG2 holds the most (dK, dQ, dP^T
 # accumulators, P^T, V)
 REGS_PRODUCER = 24
-REGS_PRODUCER_DQ_LAST = 32  # dq_last: warps 2-3 convert dQ tiles (32 + 224 + 256 = 512)
+REGS_AT_LAUNCH = 65536 // THREADS // 8 * 8  # 168
 REGS_WG1 = 224
 REGS_WG2 = 256
+# dq_last: warps 2-3 convert dQ tiles at 32 registers, paid by WG2 (32 + 224 + 248 = 504: a sum over
+# 504 leaves a setmaxregister_increase waiting forever for registers the CTA was never given)
+REGS_DQ_LAST = (32, 224, 248)
 # named barrier ids (0 is the CTA-wide barrier); P_READY/P_FREE/DQ_FULL/DQ_FREE + stage
 P_READY, P_FREE, DQ_FULL, DQ_FREE, WG2_SYNC = 1, 3, 5, 7, 9
 # bulk_dkv's epilogue: both MMA warpgroups out of their loops (then the Q and dO rings are free),
@@ -184,6 +187,10 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
         self.dq_last = bool(dq_last)
         if self.dq_last and not self.flat_dq:
             raise ValueError("dq_last converts register-ordered dq_accum tiles: it needs flat_dq")
+        self.regs = REGS_DQ_LAST if self.dq_last else (REGS_PRODUCER, REGS_WG1, REGS_WG2)
+        # the CTA is launched with 168 registers a thread (64 K / 384, in steps of 8): setmaxnreg only
+        # moves registers between its warpgroups
+        assert sum(self.regs) <= 3 * REGS_AT_LAUNCH, self.regs
 
     def config(self):
         return {"q_stages": self.q_stages, "p_stages": self.p_stages, "dq_stages": self.dq_stages,
@@ -325,7 +332,7 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
         if count > 0:
             wg = warp_idx // 4
             if wg == 0:
-                cute.arch.setmaxregister_decrease(REGS_PRODUCER_DQ_LAST if const_expr(self.dq_last) else REGS_PRODUCER)
+                cute.arch.setmaxregister_decrease(self.regs[0])
                 if warp_idx == 0:
                     self.producer(tma_atom_Q, mQ, tma_atom_dO, mdO, tma_atom_K, mK, tma_atom_V, mV, mLSE2, mDelta,
                                   mIdx, tile_layout, ring_layout, storage, bar_kv, pipe_q, pipe_do, item, bh, kv, nb,
@@ -339,12 +346,12 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
                     if warp_idx >= 2:
                         self.dq_convert(mdQaccum, mLSE2, mdQ, storage, pipe_cv, sm_scale, count, tidx - 64)
             if wg == 1:
-                cute.arch.setmaxregister_increase(REGS_WG1)
+                cute.arch.setmaxregister_increase(self.regs[1])
                 self.wg_s_dv(mdV, mma_s, mma_kv, tile_layout, ring_layout, storage, bar_kv, pipe_q, pipe_do,
                              scale_log2, tidx - WG, kv, bh, nb, count, size, (mWs, mTk, mGB, item, num),
                              (tma_atom_dV, tma_dV, storage.sDV))
             if wg == 2:
-                cute.arch.setmaxregister_increase(REGS_WG2)
+                cute.arch.setmaxregister_increase(self.regs[2])
                 self.wg_dp_dq_dk(mdK, mma_s, mma_kv, mma_dq, tile_layout, ring_layout, ds_layout, dq_ring, storage, bar_kv,
                                  pipe_q, pipe_do, sm_scale, tidx - 2 * WG, kv, bh, nb, count, size,
                                  (mWs, mTk, mGB, item, num), (tma_atom_dK, tma_dK, storage.sK))
