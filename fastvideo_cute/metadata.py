@@ -91,9 +91,10 @@ def _fused_map_to_index():
 
 
 _K2Q = None  # k2q_lists_fused once imported; False if Triton is not importable
-#: whether :meth:`BlockSparsity.k2q` takes the fused kernel on CUDA. Off until the kernel has run on a
-#: GPU: it is exact under the Triton interpreter (tests/kernels/triton/test_k2q_lists.py) but was written
-#: in a session whose device did not start, and the backward's lists come from it (2026-12-06).
+#: whether :meth:`BlockSparsity.k2q` takes the fused kernel on CUDA. Off until the route's GPU tests have run
+#: with it on: the kernel is exact under the Triton interpreter and on an H100 (its GPU test, and the lists of
+#: sweep_map_to_index.py --only k2q: tests/logs/h100_2026-12-06_s22_c13d9ef.log), but the backward's lists
+#: come from it and the route was tested with map_to_index's.
 FUSED_K2Q = False
 
 
