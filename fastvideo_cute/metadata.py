@@ -5,7 +5,7 @@ atomics, and a result that depends only on the input values (sorted lists). The 
 are :func:`map_to_index` on a CUDA map, which runs one fused Triton launch
 (``fastvideo_cute.kernels.triton.map_to_index``) with the same result bit for bit (its torch
 path, :func:`_map_to_index_torch`, is the reference and the CPU path), and
-:meth:`BlockSparsity.k2q` on a CUDA map with :data:`FUSED_K2Q` on (off for now:
+:meth:`BlockSparsity.k2q` on a CUDA map with :data:`FUSED_K2Q` on (the default:
 ``fastvideo_cute.kernels.triton.k2q_lists``, the same first ``num`` entries of each row, the rest
 unwritten).
 
@@ -91,11 +91,11 @@ def _fused_map_to_index():
 
 
 _K2Q = None  # k2q_lists_fused once imported; False if Triton is not importable
-#: whether :meth:`BlockSparsity.k2q` takes the fused kernel on CUDA. Off until the route's GPU tests have run
-#: with it on: the kernel is exact under the Triton interpreter and on an H100 (its GPU test, and the lists of
-#: sweep_map_to_index.py --only k2q: tests/logs/h100_2026-12-06_s22_c13d9ef.log), but the backward's lists
-#: come from it and the route was tested with map_to_index's.
-FUSED_K2Q = False
+#: whether :meth:`BlockSparsity.k2q` takes the fused kernel on CUDA. On since the route's GPU tests passed
+#: with it (H100, tests/logs/h100_2026-12-06_s23_406d65f.log; the kernel alone and its lists against
+#: map_to_index's: tests/logs/h100_2026-12-06_s22_c13d9ef.log). Off (False) gives map_to_index of the
+#: transposed map, whose rows go on with the unselected q blocks.
+FUSED_K2Q = True
 
 
 def _fused_k2q_lists():

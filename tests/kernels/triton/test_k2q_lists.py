@@ -169,7 +169,7 @@ def test_gpu_k2q_dispatches_to_the_fused_kernel(monkeypatch):
     fused = metadata._fused_k2q_lists()
     assert fused is not None, "Triton not importable: no fused path"
     calls = []
-    monkeypatch.setattr(metadata, "FUSED_K2Q", True)  # off by default (metadata.FUSED_K2Q says why)
+    monkeypatch.setattr(metadata, "FUSED_K2Q", True)  # the default; set so the test holds if it is turned off
     monkeypatch.setattr(metadata, "_K2Q", lambda x: calls.append(x.shape) or fused(x))
     gen = torch.Generator().manual_seed(9)
     m = (torch.rand(1, 12, 300, 300, generator=gen) < 0.125).cuda()
