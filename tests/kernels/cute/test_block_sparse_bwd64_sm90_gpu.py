@@ -98,13 +98,16 @@ WS_TMA_GROUPS = WS_TICKET_GROUPS + ",tma_dkv=1"
 # the chain counts the q blocks' arrivals from the k2q lists (the backend passes its map's row sums)
 WS_DQLAST = WS_TMA + ",dq_last=1"
 WS_DQLAST_GROUPS = WS_TMA_GROUPS + ",dq_last=1"
+# the store warp counting q blocks down two steps behind its reductions (dq_lag=2; the default is one)
+WS_DQLAG2 = WS_DQLAST + ",dq_lag=2"
+WS_DQLAG2_GROUPS = WS_DQLAST_GROUPS + ",dq_lag=2"
 # the single-warpgroup kernel rebuilt (dq_reduce="flat", 2026-12-04): dQ with dK in one group, staged in
 # register order into the step's Q/dO slots, two 16 KB bulk reductions; dS by stmatrix
 FLAT = "flat"
 MAINS = ["atomic", FLAT, "ws", WS_GROUPS, WS_ALL, WS_SMEM_KV, WS_GROUPS_REDG, WS_NARROW_DQ,
          WS_NARROW_DQ_GROUPS, *WS_NARROW_DEEP, WS_FLAT, WS_FLAT_GROUPS,
          WS_FLAT_ALL, WS_ZV, WS_TICKET, WS_TICKET_GROUPS, WS_PAIRS, WS_PAIRS_GROUPS,
-         WS_TMA, WS_TMA_GROUPS, WS_DQLAST, WS_DQLAST_GROUPS]  # the single-warpgroup kernel and the WS one
+         WS_TMA, WS_TMA_GROUPS, WS_DQLAST, WS_DQLAST_GROUPS, WS_DQLAG2, WS_DQLAG2_GROUPS]  # the single-warpgroup kernel and the WS one
 
 
 def _route_config() -> str:
@@ -150,7 +153,7 @@ def test_bulk_dq_reduce_matches_reference(dq_reduce):
 
 @pytest.mark.parametrize("dq_reduce", ["atomic", "bulk", "bulk-smemstats", FLAT, "ws", WS_GROUPS, WS_ALL, WS_GROUPS_REDG,
                                        WS_NARROW_DQ, WS_FLAT, WS_FLAT_GROUPS, WS_ZV, WS_TICKET_GROUPS, WS_PAIRS_GROUPS,
-                                       WS_TMA_GROUPS, WS_DQLAST, WS_DQLAST_GROUPS])
+                                       WS_TMA_GROUPS, WS_DQLAST, WS_DQLAST_GROUPS, WS_DQLAG2_GROUPS])
 def test_zero_count_kv_blocks_and_empty_q_blocks(dq_reduce):
     (dq, dk, dv), lse = _vs_reference(dq_reduce=dq_reduce, excluded=(2, 5), empty_q=(1,), ragged=True)
     for j in (2, 5):
@@ -198,7 +201,7 @@ def test_bad_input_is_refused_before_launch():
 
 @pytest.mark.parametrize("dq_reduce", ["atomic", "bulk", "bulk-smemstats", FLAT, "ws", WS_GROUPS, WS_ALL, WS_GROUPS_REDG,
                                        WS_NARROW_DQ, "ws:narrow_dq=1,p_stages=2", WS_FLAT, WS_TICKET, WS_PAIRS,
-                                       WS_TMA, WS_DQLAST])
+                                       WS_TMA, WS_DQLAST, WS_DQLAG2])
 def test_65536_tokens_vs_triton_and_run_to_run(dq_reduce):
     """1,024 kv blocks (the work order's regime), 12.5 % density, 4 heads: against the Triton
     backward; two runs: dk, dv bitwise, dq within the seed's summation-order bound. The

@@ -266,3 +266,23 @@ def test_dq_last_counts_q_blocks_down_and_converts_in_warps_two_and_three():
     assert report.count("UBLKRED") == base.count("UBLKRED")
     with pytest.raises(ValueError, match="flat_dq"):
         sm90_ws_main_kernel(dq_last=True)
+
+
+def test_dq_lag_two_counts_down_two_steps_behind():
+    """``dq_lag=2``: the store warp counts step ``t - 2``'s q block down after step ``t``'s reduction is
+    issued, so the steps after the loop are two: one more count-down site (one more integer ATOMG behind
+    the async-proxy fence) than ``dq_lag=1``, the same registers, no spill; other lags refused."""
+    from fastvideo_cute.kernels.cute.block_sparse_bwd64 import sm90_ws_main_kernel
+
+    route = dict(zero_pad_v=True, ticket_dkv=True, tma_dkv=True, dq_last=True)
+    lag1, lag2 = _route_build(**route), _route_build(**route, dq_lag=2)
+
+    def atomics(r):
+        return len([ln for ln in r.sass.splitlines() if "ATOMG.E.ADD.STRONG.GPU" in ln])
+
+    assert atomics(lag2) == atomics(lag1) + 1, (atomics(lag1), atomics(lag2))
+    assert lag2.sass.count("FENCE.VIEW.ASYNC.G") >= lag1.sass.count("FENCE.VIEW.ASYNC.G") + 1
+    assert "UP0, 0xf8" in lag2.sass
+    for bad in (0, 3):
+        with pytest.raises(ValueError, match="dq_lag"):
+            sm90_ws_main_kernel(flat_dq=True, dq_last=True, dq_lag=bad)
