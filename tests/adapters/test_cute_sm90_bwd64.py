@@ -98,7 +98,8 @@ def test_dq_last_counts_from_the_k2q_lists_equal_the_maps_row_sums():
     kidx, knum = map_to_index(bmap.transpose(-2, -1))
     kidx = kidx.reshape(60, 10).clone()
     used = torch.arange(10) < knum.reshape(60, 1)
-    kidx[~used] = 7  # junk past the counts
+    junk = torch.tensor([7, -5, 1000, 2**31 - 1], dtype=kidx.dtype)  # past the counts: in range or not
+    kidx[~used] = junk[torch.arange(int((~used).sum())) % 4]
     want = bmap.sum(-1, dtype=torch.int32).reshape(-1)
     got = _q_counts(None, kidx, knum, 6, 10)
     assert torch.equal(got, want) and got[4] == 0
