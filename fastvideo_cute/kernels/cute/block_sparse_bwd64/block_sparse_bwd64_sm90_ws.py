@@ -13,7 +13,7 @@ three warpgroups that run concurrently (384 threads, one CTA per SM, ``setmaxnre
                  (``cp.reduce.async.bulk.tensor``, four 64 x 32 boxes); with ``flat_dq`` staged in
                  the accumulator's register order and added by one 32 KB ``cp.reduce.async.bulk``
                  into a dq_accum tile of that order (the postprocess un-permutes it)
-         warps 2-3  with ``dq_last``: convert the q blocks whose last reduction this CTA made
+         warp 2     with ``dq_last``: count q blocks down, convert those whose last reduction this CTA made
                  (dq_accum tile -> bf16 dq rows), told per step by the store warp; no postprocess
     WG1          S^T = K Q^T (RS: K in registers with ``kv_regs``, else SS), P^T = exp2(S^T *
                  scale_log2 - lse2) with padded keys 0 (select), P^T (fp32) handed to WG2 through
@@ -80,7 +80,7 @@ REGS_PRODUCER = 24
 REGS_AT_LAUNCH = 65536 // THREADS // 8 * 8  # 168
 REGS_WG1 = 224
 REGS_WG2 = 256
-# dq_last: warps 2-3 convert dQ tiles at 32 registers, paid by WG2 (32 + 224 + 248 = 504: a sum over
+# dq_last: warp 2 converts dQ tiles at 32 registers, paid by WG2 (32 + 224 + 248 = 504: a sum over
 # 504 leaves a setmaxregister_increase waiting forever for registers the CTA was never given)
 REGS_DQ_LAST = (32, 224, 248)
 # named barrier ids (0 is the CTA-wide barrier); P_READY/P_FREE/DQ_FULL/DQ_FREE + stage
@@ -154,13 +154,13 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
         two-byte ones; ``tma_dkv`` (not with ``grouped``): each warp writes its 16 bf16 rows by stmatrix
         into a swizzled tile (dK: K's, free once WG2 left its loop; dV: a 16 KB buffer of its own, so
         WG1 waits on no one) and two TMA tensor stores of 16 x 64 pieces; ``dq_last`` (with ``flat_dq``):
-        dq in bf16 written by the main kernel, no postprocess: the store warp counts each q block's
-        arrivals down (``mQc``, int32 ``[B*H*nb]``, set by the caller to the number of CTAs that add into
+        dq in bf16 written by the main kernel, no postprocess: warp 2, told by the store warp, counts each q
+        block's arrivals down (``mQc``, int32 ``[B*H*nb]``, set by the caller to the number of CTAs that add into
         the block: its q2k count) once its reduce-add has completed, and the CTA whose arrival takes the
         count to 0 converts the block's dq_accum tile (``* sm_scale``, rows with ``lse2 == +inf`` exactly 0)
-        into ``mdQ``'s rows in its idle warps 2-3 while its MMA warpgroups go on; q blocks no CTA adds
+        into ``mdQ``'s rows in its idle warp 2 while its MMA warpgroups go on; q blocks no CTA adds
         into are the caller's to zero (the preprocess's ``zero_dq``); ``dq_lag`` (1 or 2, with ``dq_last``): the
-        store warp counts step ``t - dq_lag``'s q block down after issuing step ``t``'s reduction."""
+        store warp reports step ``t - dq_lag``'s q block done after issuing step ``t``'s reduction."""
         for name, v in (("p_stages", p_stages), ("dq_stages", dq_stages)):
             if v not in (1, MAX_STAGES):
                 raise ValueError(f"{name} must be 1 or {MAX_STAGES}, got {v}")
@@ -327,10 +327,10 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
                                                    producer_group=one, consumer_group=consumers,
                                                    tx_count=tile_bytes + BLOCK * 4, defer_sync=True)
         pipe_cv = None
-        if const_expr(self.dq_last):  # store warp (lane 0) -> converting warps 2-3 (one arrival each)
+        if const_expr(self.dq_last):  # store warp (lane 0) -> converting warp 2 (lane 0 releases)
             pipe_cv = pipeline.PipelineAsync.create(barrier_storage=storage.bar_cv.data_ptr(), num_stages=CONV_STAGES,
                                                     producer_group=one,
-                                                    consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 2),
+                                                    consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 1),
                                                     defer_sync=True)
         cute.arch.mbarrier_init_fence()
         cute.arch.barrier()
@@ -348,8 +348,8 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
                     else:
                         self.dq_store(tma_atom_dQ, mdQaccum, mIdx, dq_ring, storage, item, bh, nb, base, count)
                 if const_expr(self.dq_last):
-                    if warp_idx >= 2:
-                        self.dq_convert(mdQaccum, mLSE2, mdQ, storage, pipe_cv, sm_scale, count, tidx - 64)
+                    if warp_idx == 2:
+                        self.dq_convert(mdQaccum, mLSE2, mdQ, storage, pipe_cv, mQc, sm_scale, count)
             if wg == 1:
                 cute.arch.setmaxregister_increase(self.regs[1])
                 self.wg_s_dv(mdV, mma_s, mma_kv, tile_layout, ring_layout, storage, bar_kv, pipe_q, pipe_do,
@@ -418,10 +418,10 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
         ``rb``'s 32 KB of ``dq_accum`` by one bulk reduce-add; its bulk groups are lane 0's, so lane 0
         alone waits on them, and the whole warp meets the named barriers. With ``dq_last`` lane 0, once step
         ``t``'s reduction is issued, waits for step ``t - dq_lag``'s to complete (``wait_group dq_lag``: the
-        newer ones stay in flight), counts that q block down and sends the count it found to the
-        converting warps; the last ``dq_lag`` steps after the loop. (Waiting for step ``t - 1`` before step
-        ``t``'s issue put a reduction's whole completion latency on every step: 0.75-0.80x cuDNN on the H100,
-        ``tests/logs/h100_2026-12-06_s23_406d65f.log``.)"""
+        newer ones stay in flight) and sends that q block to the converting warp, which counts it down;
+        the last ``dq_lag`` steps after the loop. (With the count-down in this warp the kernel ran at
+        0.66-0.80x cuDNN on the H100 and the H200, waiting before step ``t``'s issue or after it, lag 1 or 2:
+        ``tests/logs/h100_2026-12-06_s23_406d65f.log``, ``h200_2026-12-06_s23_9efaf53.log``; ``send_done``.)"""
         lane = cute.arch.lane_idx()
         tile = BLOCK * HEAD_DIM
         mQc, pipe_cv = last_args
@@ -445,7 +445,7 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
                         done = prev1
                         if const_expr(lag == 2):
                             done = prev2
-                        self.send_arrival(storage, pipe_cv, state_cv, done, self.arrive_q(mQc, done))
+                        self.send_done(storage, pipe_cv, state_cv, done)
                         state_cv.advance()
             prev2 = prev1
             prev1 = rb
@@ -454,52 +454,50 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
                 cute.arch.cp_async_bulk_wait_group(0)
                 if const_expr(lag == 2):
                     if count >= 2:
-                        self.send_arrival(storage, pipe_cv, state_cv, prev2, self.arrive_q(mQc, prev2))
+                        self.send_done(storage, pipe_cv, state_cv, prev2)
                         state_cv.advance()
-                self.send_arrival(storage, pipe_cv, state_cv, prev1, self.arrive_q(mQc, prev1))
+                self.send_done(storage, pipe_cv, state_cv, prev1)
             else:
                 cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     @cute.jit
-    def arrive_q(self, mQc, rb) -> Int32:
+    def send_done(self, storage, pipe_cv, state_cv, rb):
         """``dq_last``: this CTA's reduction into q block ``rb`` has completed (the caller waited on its
-        bulk group): order it before the count-down (async proxy, then release) and return the count
-        it found (1: this was the block's last arrival)."""
+        bulk group): order it for the generic proxy and send ``rb`` to the converting warp (one message a
+        step). The count-down is the converting warp's: a release there is a ``MEMBAR``, which in this
+        warp would also wait for the reductions still in flight (Nsight Compute on the H200, 2026-12-06:
+        with the atomic here the kernel ran 1.6x longer, whatever the lag)."""
         cute.arch.fence_proxy("async.global")
-        return cute.arch.atomic_add(mQc.iterator + rb, Int32(-1), sem="acq_rel", scope="gpu")
-
-    @cute.jit
-    def send_arrival(self, storage, pipe_cv, state_cv, rb, old):
-        """``dq_last``: one message a step to the converting warps: ``rb`` if that arrival was the q
-        block's last, else -1."""
         pipe_cv.producer_acquire(state_cv)
-        msg = Int32(-1)
-        if old == 1:
-            msg = rb
         slots = storage.sCv.get_tensor(cute.make_layout((CONV_STAGES,)))
-        slots[state_cv.index] = msg
+        slots[state_cv.index] = rb
         pipe_cv.producer_commit(state_cv)
 
     @cute.jit
-    def dq_convert(self, mdQaccum, mLSE2, mdQ, storage, pipe_cv, sm_scale, count, u):
-        """``dq_last``: warps 2-3 of WG0 (``u`` in [0, 64)) take the store warp's ``count`` messages and
-        convert each q block they name: ``dq = bf16(dq_accum * sm_scale)`` from the register-ordered tile,
-        rows with ``lse2 == +inf`` (no valid key) exactly 0 (``frag_tile_to_rows``, the postprocess's
-        code; each thread plays two of its 128 threads, a quarter of the registers at a time)."""
+    def dq_convert(self, mdQaccum, mLSE2, mdQ, storage, pipe_cv, mQc, sm_scale, count):
+        """``dq_last``: warp 2 of WG0 takes the store warp's ``count`` messages (q blocks whose reduction
+        from this CTA has completed), counts each down (lane 0: one gpu-scope acq_rel atomic; the store
+        warp's completion reaches it through the message's mbarrier, so the release covers it) and, where
+        that was the block's last arrival, converts it: ``dq = bf16(dq_accum * sm_scale)`` from the
+        register-ordered tile, rows with ``lse2 == +inf`` (no valid key) exactly 0 (``frag_tile_to_rows``,
+        the postprocess's code; each lane plays four of its 128 threads, a quarter of the registers at a
+        time). Warp 3 stays idle."""
         lane = cute.arch.lane_idx()
         slots = storage.sCv.get_tensor(cute.make_layout((CONV_STAGES,)))
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, CONV_STAGES)
         for _t in cutlass.range(count, unroll=1):
             pipe_cv.consumer_wait(state)
             rb = slots[state.index]
-            cute.arch.sync_warp()
+            old = Int32(0)
             if lane == 0:
                 pipe_cv.consumer_release(state)
+                old = cute.arch.atomic_add(mQc.iterator + rb, Int32(-1), sem="acq_rel", scope="gpu")
+            old = cute.arch.shuffle_sync(old, 0)
             state.advance()
-            if rb >= 0:
-                cute.arch.fence_acq_rel_gpu()  # the other CTAs' reductions, acquired by the store warp
-                for j in cutlass.range_constexpr(2):
-                    frag_tile_to_rows(mdQaccum, mdQ, rb, u + 64 * j, sm_scale, mLSE2, Float32.inf, self.dtype, 4)
+            if old == 1:
+                cute.arch.fence_acq_rel_gpu()  # the other CTAs' reductions, acquired by lane 0
+                for j in cutlass.range_constexpr(4):
+                    frag_tile_to_rows(mdQaccum, mdQ, rb, lane + 32 * j, sm_scale, mLSE2, Float32.inf, self.dtype, 4)
 
     # ---- WG1: S, P, dV
     @cute.jit
