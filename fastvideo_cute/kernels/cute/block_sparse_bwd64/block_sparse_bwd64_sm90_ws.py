@@ -421,7 +421,7 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
         newer ones stay in flight) and sends that q block to the converting warp, which counts it down;
         the last ``dq_lag`` steps after the loop. (With the count-down in this warp the kernel ran at
         0.66-0.80x cuDNN on the H100 and the H200, waiting before step ``t``'s issue or after it, lag 1 or 2:
-        ``tests/logs/h100_2026-12-06_s23_406d65f.log``, ``h200_2026-12-06_s23_9efaf53.log``; ``send_done``.)"""
+        ``tests/logs/h100_2026-12-06_s23_406d65f.log``, ``h200_2026-12-06_s23_3079257.log``; ``send_done``.)"""
         lane = cute.arch.lane_idx()
         tile = BLOCK * HEAD_DIM
         mQc, pipe_cv = last_args
