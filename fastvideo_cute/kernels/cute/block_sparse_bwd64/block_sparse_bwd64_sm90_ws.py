@@ -63,7 +63,8 @@ from fastvideo_cute.jit import CuteKernel, fake_matrix, fake_vector
 from ..common.bulk import bulk_copy_g2s, bulk_reduce_add_f32
 from ..common.tma import tma_row_tiles
 from ..common.wgmma import wgmma_gemm
-from .block_sparse_bwd64_common import frag_tile_to_rows, main_fake_args
+from .block_sparse_bwd64_common import main_fake_args
+from .dq_last import CONV_SMEM, CONV_STAGES, convert_last, send_done
 from .last_arrival import add_rows_last_arrival, group_parts
 from .pointwise import dscores_t, probs_t
 from .limits import BLOCK, HEAD_DIM
@@ -91,8 +92,6 @@ EPI_SYNC, EPI_WG1 = 10, 11
 MAX_STAGES = 2  # of the P and dQ buffers (two barrier ids each)
 PIECE_ROWS = 16  # tma_dkv: one warp's rows of an m64 accumulator tile
 SMEM_LIMIT = 227 * 1024  # per CTA on sm_90
-CONV_STAGES = 8  # dq_last: the store warp's per-step messages to the converting warps
-CONV_SMEM = CONV_STAGES * (2 * 8 + 4) + 64  # their mbarriers and slots, with alignment
 
 
 def smem_bytes(q_stages: int = 3, p_stages: int = 1, dq_stages: int = 1) -> int:
@@ -349,7 +348,8 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
                         self.dq_store(tma_atom_dQ, mdQaccum, mIdx, dq_ring, storage, item, bh, nb, base, count)
                 if const_expr(self.dq_last):
                     if warp_idx == 2:
-                        self.dq_convert(mdQaccum, mLSE2, mdQ, storage, pipe_cv, mQc, sm_scale, count)
+                        convert_last(mdQaccum, mLSE2, mdQ, storage.sCv.get_tensor(cute.make_layout((CONV_STAGES,))),
+                                     pipe_cv, mQc, sm_scale, count, self.dtype)
             if wg == 1:
                 cute.arch.setmaxregister_increase(self.regs[1])
                 self.wg_s_dv(mdV, mma_s, mma_kv, tile_layout, ring_layout, storage, bar_kv, pipe_q, pipe_do,
@@ -421,12 +421,15 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
         newer ones stay in flight) and sends that q block to the converting warp, which counts it down;
         the last ``dq_lag`` steps after the loop. (With the count-down in this warp the kernel ran at
         0.66-0.80x cuDNN on the H100 and the H200, waiting before step ``t``'s issue or after it, lag 1 or 2:
-        ``tests/logs/h100_2026-12-06_s23_406d65f.log``, ``h200_2026-12-06_s23_3079257.log``; ``send_done``.)"""
+        ``tests/logs/h100_2026-12-06_s23_406d65f.log``, ``h200_2026-12-06_s23_3079257.log``; ``dq_last.py``.)"""
         lane = cute.arch.lane_idx()
         tile = BLOCK * HEAD_DIM
         mQc, pipe_cv = last_args
         lag = self.dq_lag
         state_cv = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, CONV_STAGES)
+        slots = None
+        if const_expr(self.dq_last):
+            slots = storage.sCv.get_tensor(cute.make_layout((CONV_STAGES,)))
         prev1 = Int32(-1)  # step t - 1's q block
         prev2 = Int32(-1)  # step t - 2's (dq_lag 2)
         for t in cutlass.range(count, unroll=1):
@@ -440,12 +443,12 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
                 bulk_reduce_add_f32(storage.sdQ.data_ptr() + d * tile, mdQaccum.iterator + rb * tile, tile * 4)
                 cute.arch.cp_async_bulk_commit_group()
                 if const_expr(self.dq_last):
-                    if t >= lag:  # step t - lag's reduction has completed: count its q block down
+                    if t >= lag:  # step t - lag's reduction has completed: report its q block
                         cute.arch.cp_async_bulk_wait_group(lag)
                         done = prev1
                         if const_expr(lag == 2):
                             done = prev2
-                        self.send_done(storage, pipe_cv, state_cv, done)
+                        send_done(pipe_cv, slots, state_cv, done)
                         state_cv.advance()
             prev2 = prev1
             prev1 = rb
@@ -454,50 +457,11 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
                 cute.arch.cp_async_bulk_wait_group(0)
                 if const_expr(lag == 2):
                     if count >= 2:
-                        self.send_done(storage, pipe_cv, state_cv, prev2)
+                        send_done(pipe_cv, slots, state_cv, prev2)
                         state_cv.advance()
-                self.send_done(storage, pipe_cv, state_cv, prev1)
+                send_done(pipe_cv, slots, state_cv, prev1)
             else:
                 cute.arch.cp_async_bulk_wait_group(0, read=True)
-
-    @cute.jit
-    def send_done(self, storage, pipe_cv, state_cv, rb):
-        """``dq_last``: this CTA's reduction into q block ``rb`` has completed (the caller waited on its
-        bulk group): order it for the generic proxy and send ``rb`` to the converting warp (one message a
-        step). The count-down is the converting warp's: a release there is a ``MEMBAR``, which in this
-        warp would also wait for the reductions still in flight (Nsight Compute on the H200, 2026-12-06:
-        with the atomic here the kernel ran 1.6x longer, whatever the lag)."""
-        cute.arch.fence_proxy("async.global")
-        pipe_cv.producer_acquire(state_cv)
-        slots = storage.sCv.get_tensor(cute.make_layout((CONV_STAGES,)))
-        slots[state_cv.index] = rb
-        pipe_cv.producer_commit(state_cv)
-
-    @cute.jit
-    def dq_convert(self, mdQaccum, mLSE2, mdQ, storage, pipe_cv, mQc, sm_scale, count):
-        """``dq_last``: warp 2 of WG0 takes the store warp's ``count`` messages (q blocks whose reduction
-        from this CTA has completed), counts each down (lane 0: one gpu-scope acq_rel atomic; the store
-        warp's completion reaches it through the message's mbarrier, so the release covers it) and, where
-        that was the block's last arrival, converts it: ``dq = bf16(dq_accum * sm_scale)`` from the
-        register-ordered tile, rows with ``lse2 == +inf`` (no valid key) exactly 0 (``frag_tile_to_rows``,
-        the postprocess's code; each lane plays four of its 128 threads, a quarter of the registers at a
-        time). Warp 3 stays idle."""
-        lane = cute.arch.lane_idx()
-        slots = storage.sCv.get_tensor(cute.make_layout((CONV_STAGES,)))
-        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, CONV_STAGES)
-        for _t in cutlass.range(count, unroll=1):
-            pipe_cv.consumer_wait(state)
-            rb = slots[state.index]
-            old = Int32(0)
-            if lane == 0:
-                pipe_cv.consumer_release(state)
-                old = cute.arch.atomic_add(mQc.iterator + rb, Int32(-1), sem="acq_rel", scope="gpu")
-            old = cute.arch.shuffle_sync(old, 0)
-            state.advance()
-            if old == 1:
-                cute.arch.fence_acq_rel_gpu()  # the other CTAs' reductions, acquired by lane 0
-                for j in cutlass.range_constexpr(4):
-                    frag_tile_to_rows(mdQaccum, mdQ, rb, lane + 32 * j, sm_scale, mLSE2, Float32.inf, self.dtype, 4)
 
     # ---- WG1: S, P, dV
     @cute.jit
