@@ -264,6 +264,13 @@ def test_dq_last_counts_q_blocks_down_and_converts_in_warps_two_and_three():
     assert report.count("LDG.E.128") == base.count("LDG.E.128") + 4 * 16
     assert len(re.findall(r"STG\.E desc", report.sass)) == 4 * 4 * 2 * 4
     assert report.count("UBLKRED") == base.count("UBLKRED")
+    # the count-down's release (a MEMBAR, which waits for this warp's memory operations in flight) and the
+    # acquire fence are warp 2's: two more than the route, none in the store warp's steps after its
+    # bulk reduce-add (there the MEMBAR waited for the reductions in flight: 1.6x longer on the H200)
+    assert report.sass.count("MEMBAR.ALL.GPU") == base.sass.count("MEMBAR.ALL.GPU") + 2
+    lines = report.sass.splitlines()
+    for i in (i for i, ln in enumerate(lines) if "UBLKRED" in ln):
+        assert not any("MEMBAR" in ln for ln in lines[i:i + 40]), lines[i:i + 40]
     with pytest.raises(ValueError, match="flat_dq"):
         sm90_ws_main_kernel(dq_last=True)
 
