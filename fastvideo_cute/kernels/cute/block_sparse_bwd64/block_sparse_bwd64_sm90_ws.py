@@ -325,12 +325,13 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
         pipe_do = pipeline.PipelineTmaAsync.create(barrier_storage=storage.bar_do.data_ptr(), num_stages=self.q_stages,
                                                    producer_group=one, consumer_group=consumers,
                                                    tx_count=tile_bytes + BLOCK * 4, defer_sync=True)
-        pipe_cv = None
+        pipe_cv, slots = None, None
         if const_expr(self.dq_last):  # store warp (lane 0) -> converting warp 2 (lane 0 releases)
             pipe_cv = pipeline.PipelineAsync.create(barrier_storage=storage.bar_cv.data_ptr(), num_stages=CONV_STAGES,
                                                     producer_group=one,
                                                     consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 1),
                                                     defer_sync=True)
+            slots = storage.sCv.get_tensor(cute.make_layout((CONV_STAGES,)))
         cute.arch.mbarrier_init_fence()
         cute.arch.barrier()
         if count > 0:
@@ -343,13 +344,12 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
                                   base, count, tile_bytes)
                 if warp_idx == 1:
                     if const_expr(self.flat_dq):
-                        self.dq_store_flat(mdQaccum, mIdx, storage, item, bh, nb, base, count, (mQc, pipe_cv))
+                        self.dq_store_flat(mdQaccum, mIdx, storage, item, bh, nb, base, count, pipe_cv, slots)
                     else:
                         self.dq_store(tma_atom_dQ, mdQaccum, mIdx, dq_ring, storage, item, bh, nb, base, count)
                 if const_expr(self.dq_last):
                     if warp_idx == 2:
-                        convert_last(mdQaccum, mLSE2, mdQ, storage.sCv.get_tensor(cute.make_layout((CONV_STAGES,))),
-                                     pipe_cv, mQc, sm_scale, count, self.dtype)
+                        convert_last(mdQaccum, mLSE2, mdQ, slots, pipe_cv, mQc, sm_scale, count, self.dtype)
             if wg == 1:
                 cute.arch.setmaxregister_increase(self.regs[1])
                 self.wg_s_dv(mdV, mma_s, mma_kv, tile_layout, ring_layout, storage, bar_kv, pipe_q, pipe_do,
@@ -413,7 +413,7 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
         cute.arch.cp_async_bulk_wait_group(0, read=True)  # the buffer stays until the TMA unit has read it
 
     @cute.jit
-    def dq_store_flat(self, mdQaccum, mIdx, storage, item, bh, nb, base, count, last_args):
+    def dq_store_flat(self, mdQaccum, mIdx, storage, item, bh, nb, base, count, pipe_cv, slots):
         """``flat_dq``'s store warp: lane 0 adds each staged tile (32 KB, register order) into q block
         ``rb``'s 32 KB of ``dq_accum`` by one bulk reduce-add; its bulk groups are lane 0's, so lane 0
         alone waits on them, and the whole warp meets the named barriers. With ``dq_last`` lane 0, once step
@@ -424,12 +424,8 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
         ``tests/logs/h100_2026-12-06_s23_406d65f.log``, ``h200_2026-12-06_s23_3079257.log``; ``dq_last.py``.)"""
         lane = cute.arch.lane_idx()
         tile = BLOCK * HEAD_DIM
-        mQc, pipe_cv = last_args
         lag = self.dq_lag
         state_cv = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, CONV_STAGES)
-        slots = None
-        if const_expr(self.dq_last):
-            slots = storage.sCv.get_tensor(cute.make_layout((CONV_STAGES,)))
         prev1 = Int32(-1)  # step t - 1's q block
         prev2 = Int32(-1)  # step t - 2's (dq_lag 2)
         for t in cutlass.range(count, unroll=1):
