@@ -80,9 +80,6 @@ def main(argv=None) -> int:
             return C.cudnn_bwd_prebuilt(do, q, k, v, o, lse, meta, bshd=False, softmax_scale=None, dq=cdq, dk=cdk, dv=cdv)
 
         lse_c = lse.contiguous()
-        # dq_last builds: the q blocks' counts prebuilt like the lists (the backend takes its map's row sums)
-        qcnt = WS._q_counts(None, kidx.reshape(-1, kidx.shape[-1]).to(torch.int32), knum, q.shape[0] * q.shape[1],
-                            sizes.numel())
         entries = {"cudnn": cudnn}
         for var in args.variants:
             reduce, _, extra = var.partition("-")
@@ -99,8 +96,7 @@ def main(argv=None) -> int:
                                                    dq_reduce="bulk" if main == "ws" else reduce,
                                                    stats_in_smem=extra == "smemstats",
                                                    main="ws" if main == "ws" else "single", ws_config=ws_config,
-                                                   order_policy=policy,
-                                                   q_counts=qcnt if ws_config.get("dq_last") else None)
+                                                   order_policy=policy)
                 finally:
                     WS._TRITON_GROUPS = True
             entries[var] = entry

@@ -143,7 +143,7 @@ def sm100_bwd64_common_support(out, dout, lse, k2q_num, kv_block_sizes) -> Tuple
 
 
 def compiled_stage(stage: str, arch: str):
-    """A stage (``block_sparse_bwd64.STAGES``) compiled (TVM-FFI) for ``arch`` through
+    """A stage ("preprocess", "postprocess") compiled (TVM-FFI) for ``arch`` through
     :mod:`fastvideo_cute.jit` (once per process; from the disk cache when one is configured)."""
     return _kernels.stage_kernel(stage).compile(arch)
 
@@ -161,13 +161,9 @@ def sm100_bwd64_common_stages(
     dk: Optional[torch.Tensor] = None,
     dv: Optional[torch.Tensor] = None,
     with_order: bool = True,
-    q_counts: Optional[torch.Tensor] = None,
-    dq: Optional[torch.Tensor] = None,
 ) -> Dict[str, torch.Tensor]:
     """Stage 1 (preprocess) and stage 2 (work order; skipped, ``order`` None, without ``with_order``)
-    of the chain. ``q_counts`` (int32 ``[B*H*nb]``) and ``dq`` (bf16, ``out``'s shape), given together: the
-    preprocess also writes exact zeros into the dq rows of q blocks whose count is 0 (stage
-    ``preprocess_dq``; for a main kernel that writes dq itself and never visits such blocks).
+    of the chain.
 
     Returns ``delta`` and ``lse2`` (fp32 ``[B, H, S]``), ``dq_accum`` (fp32 ``[B, H, S, 128]``, all
     zero), ``dk`` and ``dv`` (bf16, ``empty_like(out)`` unless given: the rows of kv blocks with
@@ -185,21 +181,11 @@ def sm100_bwd64_common_stages(
     lse2 = torch.empty_like(delta)
     dq_accum = torch.empty(out.shape, dtype=torch.float32, device=out.device)
     num = k2q_num.to(torch.int32).reshape(-1).contiguous()
-    if (q_counts is None) != (dq is None):
-        raise ValueError("sm100_bwd64_common_stages: q_counts and dq are given together or not at all")
-    if q_counts is not None:
-        if q_counts.dtype != torch.int32 or q_counts.numel() != num.numel() or not q_counts.is_contiguous():
-            raise ValueError(f"sm100_bwd64_common_stages: q_counts must be a contiguous int32 tensor of {num.numel()} "
-                             f"elements (one per q block), got {q_counts.dtype} with {q_counts.numel()}")
-        if dq.shape != out.shape or dq.dtype != out.dtype or not dq.is_contiguous() or dq.data_ptr() % 16:
-            raise ValueError("sm100_bwd64_common_stages: dq must be a contiguous, aligned bf16 tensor of out's shape")
     if out.numel():
-        fn = compiled_stage("preprocess" if q_counts is None else "preprocess_dq", _common_arch(out))
-        qc, dq_rows = (num, dk) if q_counts is None else (q_counts, dq)  # read only by preprocess_dq
+        fn = compiled_stage("preprocess", _common_arch(out))
         with torch.cuda.device(out.device):
             fn(out.view(-1, HEAD_DIM), dout.view(-1, HEAD_DIM), lse.view(-1), delta.view(-1), lse2.view(-1),
-               dq_accum.view(-1, HEAD_DIM), dk.view(-1, HEAD_DIM), dv.view(-1, HEAD_DIM), num, qc,
-               dq_rows.view(-1, HEAD_DIM))
+               dq_accum.view(-1, HEAD_DIM), dk.view(-1, HEAD_DIM), dv.view(-1, HEAD_DIM), num)
     return {"delta": delta, "lse2": lse2, "dq_accum": dq_accum, "dk": dk, "dv": dv,
             "order": work_order(k2q_num, kv_block_sizes.numel()) if with_order else None}
 

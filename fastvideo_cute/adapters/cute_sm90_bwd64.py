@@ -88,16 +88,14 @@ def compiled_sm90_main(dq_reduce: str = DQ_REDUCE_DEFAULT, stats_in_smem: bool =
 def sm90_block_sparse_bwd64(q, k, v, out, dout, lse, k2q_idx, k2q_num, kv_block_sizes,
                             sm_scale: Optional[float] = None, dq_reduce: str = DQ_REDUCE_DEFAULT,
                             stats_in_smem: bool = False, main: str = "single", ws_config: Optional[dict] = None,
-                            order_policy: str = "auto", q_counts: Optional[torch.Tensor] = None):
+                            order_policy: str = "auto"):
     """The whole backward; returns ``(dq, dk, dv)``, bf16 ``[B, H, S, 128]`` (module docstring).
     ``dq_reduce``: the main kernel's dQ path ("atomic" / "bulk" / "flat"); ``stats_in_smem``: the kernel's
     lse2/delta by bulk copy into shared memory; ``main``: which main kernel (:data:`MAINS`; "ws" is
     configured by ``ws_config`` instead: ``BlockSparseBwd64Sm90Ws``'s keyword arguments and
     ``group_blocks`` / ``group_min_blocks``, the q groups of ``cute_sm90_bwd64_ws.run_ws_chain``,
     ``group_blocks=0`` for none; neither given: ``cute_sm90_bwd64_ws.default_groups`` for this GPU);
-    ``order_policy``: the chain's work order (``cute_sm100_bwd.ORDER_POLICIES``); ``q_counts``: with a ``dq_last``
-    build, the number of kv blocks that select each q block (the block map's row sums; counted from the
-    k2q lists when None). Raises ``ValueError`` naming the reason when :func:`sm90_bwd64_support`
+    ``order_policy``: the chain's work order (``cute_sm100_bwd.ORDER_POLICIES``). Raises ``ValueError`` naming the reason when :func:`sm90_bwd64_support`
     refuses."""
     if main not in MAINS:
         raise ValueError(f"sm90_block_sparse_bwd64: main must be one of {MAINS}, got {main!r}")
@@ -121,8 +119,7 @@ def sm90_block_sparse_bwd64(q, k, v, out, dout, lse, k2q_idx, k2q_num, kv_block_
         return run_ws_chain(lambda grouped: compiled_sm90_main(main="ws", ws_config={**cfg, "grouped": grouped}),
                             q, k, v, out, dout, lse, k2q_idx, k2q_num, kv_block_sizes, sm_scale, order_policy,
                             group_blocks, group_min, dq_frag=bool(cfg.get("flat_dq", False)),
-                            ticket_dkv=bool(cfg.get("ticket_dkv", False)), dq_last=bool(cfg.get("dq_last", False)),
-                            q_counts=q_counts)
+                            ticket_dkv=bool(cfg.get("ticket_dkv", False)))
     fn = compiled_sm90_main(dq_reduce, stats_in_smem, main, ws_config) if q.numel() else None
     return run_bwd64_chain(fn, q, k, v, out, dout, lse, k2q_idx, k2q_num, kv_block_sizes, sm_scale, order_policy,
                            frag_order=dq_reduce == "flat")

@@ -111,8 +111,7 @@ def _group_lists_torch(idx: torch.Tensor, num: torch.Tensor, group_blocks: int, 
 
 def run_ws_chain(compiled, q, k, v, out, dout, lse, k2q_idx, k2q_num, kv_block_sizes, sm_scale: float,
                  order_policy: str = "auto", group_blocks: Optional[int] = GROUP_BLOCKS_DEFAULT,
-                 group_min_blocks: int = GROUP_MIN_BLOCKS, dq_frag: bool = False, ticket_dkv: bool = False,
-                 dq_last: bool = False, q_counts: Optional[torch.Tensor] = None):
+                 group_min_blocks: int = GROUP_MIN_BLOCKS, dq_frag: bool = False, ticket_dkv: bool = False):
     """The backward through the warp-specialized main kernel; returns ``(dq, dk, dv)``.
     ``compiled(grouped)``: the main kernel compiled with ``grouped`` (fp32 dk/dv accumulators) or
     without. ``order_policy``: with one group, the work order (``cute_sm100_bwd.ORDER_POLICIES``);
@@ -120,11 +119,7 @@ def run_ws_chain(compiled, q, k, v, out, dout, lse, k2q_idx, k2q_num, kv_block_s
     was built with ``flat_dq`` (dq_accum tiles in its register order: the matching postprocess);
     ``ticket_dkv``: the main kernel was built with ``ticket_dkv`` (called as ``compiled(False)`` also with q
     groups: the group that finishes last writes the bf16 dk/dv rows; the chain gives it an fp32
-    workspace and zeroed counters instead of zeroed accumulators and a conversion pass); ``dq_last``: the main
-    kernel was built with ``dq_last`` (it writes bf16 dq itself, no postprocess): ``q_counts`` (int32, one per
-    q block ``[B, H, nb]`` or flat, the number of kv blocks whose k2q list holds the block, i.e. the block
-    map's row sums; consumed, so a copy is taken) or, when None, counted here from the k2q lists (torch
-    ops; the backend passes its map's row sums instead)."""
+    workspace and zeroed counters instead of zeroed accumulators and a conversion pass)."""
     if order_policy not in ORDER_POLICIES:
         raise ValueError(f"order_policy must be one of {ORDER_POLICIES}, got {order_policy!r}")
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
@@ -135,10 +130,8 @@ def run_ws_chain(compiled, q, k, v, out, dout, lse, k2q_idx, k2q_num, kv_block_s
     items = batch * heads * nb
     idx, gb = group_bounds(k2q_idx, k2q_num, nb, group_blocks, group_min_blocks)
     grouped = gb.shape[1] > 2
-    qc = _q_counts(q_counts, idx, k2q_num, batch * heads, nb) if dq_last else None
     common = sm100_bwd64_common_stages(out, dout, lse, k2q_num, kv_block_sizes, dk=dk, dv=dv,
-                                       with_order=order_policy == "auto" and not grouped,
-                                       q_counts=qc, dq=dq if dq_last else None)
+                                       with_order=order_policy == "auto" and not grouped)
     order = common["order"]
     if order is None:
         order = torch.arange(items, dtype=torch.int32, device=q.device)
@@ -159,29 +152,9 @@ def run_ws_chain(compiled, q, k, v, out, dout, lse, k2q_idx, k2q_num, kv_block_s
         compiled(accumulate)(q.view(-1, HEAD_DIM), k.view(-1, HEAD_DIM), v.view(-1, HEAD_DIM), dout.view(-1, HEAD_DIM),
                              dk_out.view(-1, HEAD_DIM), dv_out.view(-1, HEAD_DIM), common["dq_accum"].view(-1, HEAD_DIM),
                              common["lse2"].view(-1), common["delta"].view(-1), idx, num, vbs, order, gb, ws, tk,
-                             qc if dq_last else tk, dq.view(-1, HEAD_DIM), float(sm_scale))
+                             float(sm_scale))
     if accumulate:
         dk.copy_(dk_out)
         dv.copy_(dv_out)
-    if not dq_last:
-        sm100_bwd64_postprocess(common["dq_accum"], lse, sm_scale, dq=dq, frag_order=dq_frag)
+    sm100_bwd64_postprocess(common["dq_accum"], lse, sm_scale, dq=dq, frag_order=dq_frag)
     return dq, dk, dv
-
-
-def _q_counts(q_counts: Optional[torch.Tensor], idx: torch.Tensor, k2q_num: torch.Tensor, bh: int,
-              nb: int) -> torch.Tensor:
-    """``dq_last``'s per-q-block counts, int32 ``[bh * nb]``, a fresh tensor (the kernel counts it down):
-    ``q_counts`` copied, or counted from the k2q lists (``idx`` ``[bh * nb, max_q]``, valid entries first)."""
-    if q_counts is not None:
-        if q_counts.numel() != bh * nb:
-            raise ValueError(f"q_counts must hold one count per q block ({bh * nb}), got {q_counts.numel()}")
-        return q_counts.reshape(-1).to(device=idx.device, dtype=torch.int32, copy=True)
-    num = k2q_num.to(torch.int32).reshape(-1, 1)
-    valid = torch.arange(idx.shape[1], device=idx.device) < num
-    rows = torch.arange(bh, device=idx.device, dtype=torch.int32).repeat_interleave(nb).reshape(-1, 1)
-    # entries past num add 0 to a slot of their own row (filler clamped into range): one dump slot for
-    # them all serialised ~2.7 M atomics at 32,768 tokens (2.0 ms on the H100, prof_bwd64_h100_s23_dqlast.json)
-    target = rows * nb + idx.clamp(0, nb - 1)
-    counts = torch.zeros(bh * nb, dtype=torch.int32, device=idx.device)
-    counts.scatter_add_(0, target.reshape(-1).long(), valid.reshape(-1).to(torch.int32))
-    return counts

@@ -240,16 +240,11 @@ class Sm90Backend:
 
         if block_size != _BLOCK:
             raise RuntimeError(f"sm90 backend: the backward serves 64-token blocks only, got {block_size}")
-        sp = BlockSparsity.of(sparsity)
-        k2q_idx, k2q_num = sp.k2q()
-        q_counts = None
-        if _BWD_WS_CONFIG.get("dq_last"):  # each q block's arrivals: the map's row sums (k2q is its transpose)
-            bmap = sp.block_map()
-            q_counts = (bmap if bmap.dtype == torch.bool else bmap != 0).sum(-1, dtype=torch.int32)
+        k2q_idx, k2q_num = BlockSparsity.of(sparsity).k2q()
         bhsd = (lambda x: x.transpose(1, 2).contiguous()) if bshd else (lambda x: x.contiguous())
         grads = sm90_block_sparse_bwd64(bhsd(q), bhsd(k), bhsd(v), bhsd(out), bhsd(dout), lse.contiguous(), k2q_idx,
                                         k2q_num, kv_block_sizes, sm_scale=sm_scale, main="ws",
-                                        ws_config=dict(_BWD_WS_CONFIG), q_counts=q_counts)
+                                        ws_config=dict(_BWD_WS_CONFIG))
         if bshd:
             grads = tuple(g.transpose(1, 2).contiguous() for g in grads)
         return tuple(grads)

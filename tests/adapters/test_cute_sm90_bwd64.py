@@ -83,28 +83,3 @@ def test_bad_main_and_order_are_refused_before_any_work():
         A.compiled_sm90_main(main="fast")
     with pytest.raises(ValueError, match="order_policy"):
         run_ws_chain(None, x, x, x, x, x, None, None, None, None, 1.0, order_policy="random")
-
-
-def test_dq_last_counts_from_the_k2q_lists_equal_the_maps_row_sums():
-    """``dq_last``'s fallback count (no ``q_counts`` given): for each q block, the kv blocks whose k2q list
-    holds it, from the valid entries only (slots past a row's count hold junk here), equal to the block
-    map's row sums (what the backend passes); a given count is copied, not consumed; a wrong size refused."""
-    from fastvideo_cute.adapters.cute_sm90_bwd64_ws import _q_counts
-    from fastvideo_cute.metadata import map_to_index
-
-    gen = torch.Generator().manual_seed(0)
-    bmap = torch.rand(2, 3, 10, 10, generator=gen) < 0.3
-    bmap[0, 0, 4, :] = False  # a q block that selects nothing
-    kidx, knum = map_to_index(bmap.transpose(-2, -1))
-    kidx = kidx.reshape(60, 10).clone()
-    used = torch.arange(10) < knum.reshape(60, 1)
-    junk = torch.tensor([7, -5, 1000, 2**31 - 1], dtype=kidx.dtype)  # past the counts: in range or not
-    kidx[~used] = junk[torch.arange(int((~used).sum())) % 4]
-    want = bmap.sum(-1, dtype=torch.int32).reshape(-1)
-    got = _q_counts(None, kidx, knum, 6, 10)
-    assert torch.equal(got, want) and got[4] == 0
-    given = want.clone()
-    copy = _q_counts(given, kidx, knum, 6, 10)
-    assert torch.equal(copy, want) and copy.data_ptr() != given.data_ptr()
-    with pytest.raises(ValueError, match="q_counts"):
-        _q_counts(want[:5], kidx, knum, 6, 10)

@@ -84,8 +84,6 @@ _FWD64_SM90 = CuteKernelSpec(
 # kernel for sm_100a/sm_103a.
 _BWD64_STAGE_NOTES = {
     "preprocess": "VSA backward, 64-token blocks: delta, lse2, dq_accum = 0, dk/dv = 0 on unselected kv blocks",
-    "preprocess_dq": "the preprocess that also zeroes the dq rows of unselected q blocks (the chain of the sm_90a "
-                     "warp-specialized main kernel's dq_last, which writes dq itself)",
     "postprocess": "VSA backward, 64-token blocks: dq = bf16(dq_accum * sm_scale), no-key rows 0",
     "postprocess_frag": "VSA backward, 64-token blocks: the postprocess of register-ordered dq_accum tiles "
                         "(the sm_90a warp-specialized main kernel's flat_dq)",

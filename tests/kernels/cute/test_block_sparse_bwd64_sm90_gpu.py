@@ -94,20 +94,13 @@ WS_PAIRS_GROUPS = WS_TICKET_GROUPS + ",pair_stores=1"
 # the bf16 dk/dv rows by stmatrix + TMA stores, one warp's 16 rows at a time
 WS_TMA = WS_TICKET + ",tma_dkv=1"
 WS_TMA_GROUPS = WS_TICKET_GROUPS + ",tma_dkv=1"
-# dq_last: bf16 dq written by the CTA whose reduction into a q block is the block's last (no postprocess);
-# the chain counts the q blocks' arrivals from the k2q lists (the backend passes its map's row sums)
-WS_DQLAST = WS_TMA + ",dq_last=1"
-WS_DQLAST_GROUPS = WS_TMA_GROUPS + ",dq_last=1"
-# the store warp counting q blocks down two steps behind its reductions (dq_lag=2; the default is one)
-WS_DQLAG2 = WS_DQLAST + ",dq_lag=2"
-WS_DQLAG2_GROUPS = WS_DQLAST_GROUPS + ",dq_lag=2"
 # the single-warpgroup kernel rebuilt (dq_reduce="flat", 2026-12-04): dQ with dK in one group, staged in
 # register order into the step's Q/dO slots, two 16 KB bulk reductions; dS by stmatrix
 FLAT = "flat"
 MAINS = ["atomic", FLAT, "ws", WS_GROUPS, WS_ALL, WS_SMEM_KV, WS_GROUPS_REDG, WS_NARROW_DQ,
          WS_NARROW_DQ_GROUPS, *WS_NARROW_DEEP, WS_FLAT, WS_FLAT_GROUPS,
          WS_FLAT_ALL, WS_ZV, WS_TICKET, WS_TICKET_GROUPS, WS_PAIRS, WS_PAIRS_GROUPS,
-         WS_TMA, WS_TMA_GROUPS, WS_DQLAST, WS_DQLAST_GROUPS, WS_DQLAG2, WS_DQLAG2_GROUPS]  # the single-warpgroup kernel and the WS one
+         WS_TMA, WS_TMA_GROUPS]  # the single-warpgroup kernel and the WS one
 
 
 def _route_config() -> str:
@@ -153,33 +146,13 @@ def test_bulk_dq_reduce_matches_reference(dq_reduce):
 
 @pytest.mark.parametrize("dq_reduce", ["atomic", "bulk", "bulk-smemstats", FLAT, "ws", WS_GROUPS, WS_ALL, WS_GROUPS_REDG,
                                        WS_NARROW_DQ, WS_FLAT, WS_FLAT_GROUPS, WS_ZV, WS_TICKET_GROUPS, WS_PAIRS_GROUPS,
-                                       WS_TMA_GROUPS, WS_DQLAST, WS_DQLAST_GROUPS, WS_DQLAG2_GROUPS])
+                                       WS_TMA_GROUPS])
 def test_zero_count_kv_blocks_and_empty_q_blocks(dq_reduce):
     (dq, dk, dv), lse = _vs_reference(dq_reduce=dq_reduce, excluded=(2, 5), empty_q=(1,), ragged=True)
     for j in (2, 5):
         assert (dk[..., j * BLOCK:(j + 1) * BLOCK, :] == 0).all()
         assert (dv[..., j * BLOCK:(j + 1) * BLOCK, :] == 0).all()
     assert (dq[lse == -math.inf] == 0).all()
-
-
-@pytest.mark.parametrize("groups", [False, True])
-def test_dq_last_with_given_q_counts(groups):
-    """dq_last with the counts given (the q2k counts, as the backend passes its map's row sums): the same
-    gradients as the reference, an empty q block's dq exactly 0, and the caller's counts untouched (the
-    chain hands the kernel a copy to count down)."""
-    q, k, v, do, idx, num, vbs, _ = make_case(empty_q=(1,), excluded=(2,), ragged=True, seed=4)
-    o, lse, rdq, rdk, rdv = reference(q, k, v, do, idx, num, vbs)
-    kidx, knum = invert_indices(idx, num, vbs.numel())
-    cfg = {key: int(val) for key, val in (x.split("=") for x in (WS_DQLAST_GROUPS if groups else WS_DQLAST)[3:].split(","))}
-    counts = num.to(torch.int32).clone()
-    _poison_allocator(q)
-    dq, dk, dv = A.sm90_block_sparse_bwd64(q, k, v, o, do, lse, kidx, knum, vbs, main="ws", ws_config=cfg,
-                                           q_counts=counts)
-    torch.cuda.synchronize()
-    for name, got, ref in (("dq", dq, rdq), ("dk", dk, rdk), ("dv", dv, rdv)):
-        check_close(name, got, ref)
-    assert (dq[..., BLOCK:2 * BLOCK, :] == 0).all(), "an empty q block's dq rows"
-    assert torch.equal(counts, num.to(torch.int32)), "the caller's counts"
 
 
 def test_bad_input_is_refused_before_launch():
@@ -201,7 +174,7 @@ def test_bad_input_is_refused_before_launch():
 
 @pytest.mark.parametrize("dq_reduce", ["atomic", "bulk", "bulk-smemstats", FLAT, "ws", WS_GROUPS, WS_ALL, WS_GROUPS_REDG,
                                        WS_NARROW_DQ, "ws:narrow_dq=1,p_stages=2", WS_FLAT, WS_TICKET, WS_PAIRS,
-                                       WS_TMA, WS_DQLAST, WS_DQLAG2])
+                                       WS_TMA])
 def test_65536_tokens_vs_triton_and_run_to_run(dq_reduce):
     """1,024 kv blocks (the work order's regime), 12.5 % density, 4 heads: against the Triton
     backward; two runs: dk, dv bitwise, dq within the seed's summation-order bound. The

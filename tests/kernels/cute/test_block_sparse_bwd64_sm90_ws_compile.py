@@ -24,7 +24,7 @@ NAME = "block_sparse_bwd64_sm90_ws"
 def _assert_register_pool_fits(report):
     """The producer warpgroup's ``setmaxnreg.dec`` and the two MMA warpgroups' ``setmaxnreg.inc`` targets
     sum to at most 3 x 168 (the registers a thread the CTA is launched with): a larger sum leaves an
-    increase waiting forever (dq_last's first build, 32 + 224 + 256, hung on the H100 in the
+    increase waiting forever (a removed option's first build, 32 + 224 + 256, hung on the H100 in the
     twenty-second session: tests/logs/h100_2026-12-06_s22_c13d9ef.log)."""
     down = [int(x, 16) for x in re.findall(r"USETMAXREG\.DEALLOC\.CTAPOOL (0x[0-9a-f]+)", report.sass)]
     up = [int(x, 16) for x in re.findall(r"USETMAXREG\.TRY_ALLOC\.CTAPOOL UP\d, (0x[0-9a-f]+)", report.sass)]
@@ -242,55 +242,3 @@ def test_tma_dkv_writes_each_warps_rows_by_stmatrix_and_two_tma_stores():
     with pytest.raises(ValueError, match="tma_dkv"):
         sm90_ws_main_kernel(tma_dkv=True, grouped=True)
 
-
-def test_dq_last_counts_q_blocks_down_and_converts_in_warps_two_and_three():
-    """``dq_last=True`` (on the route's build): the producer warpgroup keeps 32 registers (warp 2
-    converts), WG2 gives 8 up (248); the store warp sends each q block whose reduction has completed
-    through the shared slots behind the async-proxy fence (the in-loop and the last call sites), and warp
-    2 counts it down by one gpu-scope acq_rel atomic (one integer ATOMG more than the same build without
-    it) and converts: 4 x 16 128-bit loads of the tile, bf16 pairs out (4 x 4 x 2 x 4 four-byte stores),
-    after an acquire fence. No spill; refused without ``flat_dq``."""
-    from fastvideo_cute.kernels.cute.block_sparse_bwd64 import sm90_ws_main_kernel
-
-    route = dict(zero_pad_v=True, ticket_dkv=True, tma_dkv=True)
-    base = _route_build(**route)
-    report = _route_build(**route, dq_last=True)
-    assert "USETMAXREG.DEALLOC.CTAPOOL 0x20" in report.sass and "USETMAXREG.DEALLOC.CTAPOOL 0x18" in base.sass
-    assert "UP0, 0xf8" in report.sass and "UP0, 0x100" in base.sass
-    int_atomics = [ln for ln in report.sass.splitlines() if "ATOMG.E.ADD.STRONG.GPU" in ln]
-    base_atomics = [ln for ln in base.sass.splitlines() if "ATOMG.E.ADD.STRONG.GPU" in ln]
-    assert len(int_atomics) == len(base_atomics) + 1, (len(int_atomics), len(base_atomics))
-    assert report.sass.count("FENCE.VIEW.ASYNC.G") >= base.sass.count("FENCE.VIEW.ASYNC.G") + 2
-    assert report.count("LDG.E.128") == base.count("LDG.E.128") + 4 * 16
-    assert len(re.findall(r"STG\.E desc", report.sass)) == 4 * 4 * 2 * 4
-    assert report.count("UBLKRED") == base.count("UBLKRED")
-    # the count-down's release (a MEMBAR, which waits for this warp's memory operations in flight) and the
-    # acquire fence are warp 2's: two more than the route, none in the store warp's steps after its
-    # bulk reduce-add (there the MEMBAR waited for the reductions in flight: 1.6x longer on the H200)
-    assert report.sass.count("MEMBAR.ALL.GPU") == base.sass.count("MEMBAR.ALL.GPU") + 2
-    lines = report.sass.splitlines()
-    for i in (i for i, ln in enumerate(lines) if "UBLKRED" in ln):
-        assert not any("MEMBAR" in ln for ln in lines[i:i + 40]), lines[i:i + 40]
-    with pytest.raises(ValueError, match="flat_dq"):
-        sm90_ws_main_kernel(dq_last=True)
-
-
-def test_dq_lag_two_counts_down_two_steps_behind():
-    """``dq_lag=2``: the store warp reports step ``t - 2``'s q block done after step ``t``'s reduction is
-    issued, so the steps after the loop are two: one more reporting site (one more async-proxy fence)
-    than ``dq_lag=1``, the same count-down (one integer ATOMG, warp 2's), the same registers, no spill;
-    other lags refused."""
-    from fastvideo_cute.kernels.cute.block_sparse_bwd64 import sm90_ws_main_kernel
-
-    route = dict(zero_pad_v=True, ticket_dkv=True, tma_dkv=True, dq_last=True)
-    lag1, lag2 = _route_build(**route), _route_build(**route, dq_lag=2)
-
-    def atomics(r):
-        return len([ln for ln in r.sass.splitlines() if "ATOMG.E.ADD.STRONG.GPU" in ln])
-
-    assert atomics(lag2) == atomics(lag1), (atomics(lag1), atomics(lag2))
-    assert lag2.sass.count("FENCE.VIEW.ASYNC.G") >= lag1.sass.count("FENCE.VIEW.ASYNC.G") + 1
-    assert "UP0, 0xf8" in lag2.sass
-    for bad in (0, 3):
-        with pytest.raises(ValueError, match="dq_lag"):
-            sm90_ws_main_kernel(flat_dq=True, dq_last=True, dq_lag=bad)

@@ -34,7 +34,7 @@ SM90_WS_REGISTRY_NAME = "block_sparse_bwd64_sm90_ws"
 # Archs the arch-independent stages (preprocess, postprocess) are compiled for.
 COMMON_ARCHS = tuple(COMMON_CAPABILITIES.values())
 
-STAGES = ("preprocess", "preprocess_dq", "postprocess", "postprocess_frag")
+STAGES = ("preprocess", "postprocess", "postprocess_frag")
 
 
 def stage_class(stage: str):
@@ -42,15 +42,12 @@ def stage_class(stage: str):
     the Hopper warp-specialized kernel's ``flat_dq`` dq_accum order)."""
     from . import block_sparse_bwd64_common as mod
 
-    return {"preprocess": mod.BlockSparseBwd64Preprocess, "preprocess_dq": mod.BlockSparseBwd64Preprocess,
-            "postprocess": mod.BlockSparseBwd64Postprocess,
+    return {"preprocess": mod.BlockSparseBwd64Preprocess, "postprocess": mod.BlockSparseBwd64Postprocess,
             "postprocess_frag": mod.BlockSparseBwd64PostprocessFrag}[stage]
 
 
 def stage_kernel(stage: str):
     """The kernel object of a stage (a :class:`fastvideo_cute.jit.CuteKernel`)."""
-    if stage == "preprocess_dq":  # the preprocess that also zeroes dq rows of unselected q blocks
-        return stage_class("preprocess")(zero_dq=True)
     return stage_class(stage)()
 
 

@@ -13,10 +13,7 @@ the CTA's block index is also the kv work item ``(b*H + h) * nb + kv`` (``S == 6
     key), so the main kernel's ``P = exp2(s * scale_log2 - lse2)`` is 0 there, never NaN;
   - ``dq_accum`` rows of the block zeroed (fp32; the main kernel reduce-adds into it);
   - if ``k2q_num[item] == 0`` (no q block selected kv block ``kv``): the block's dk and dv rows
-    written as exact zeros (the main kernel skips the item; the outputs are ``empty_like``);
-  - with ``zero_dq`` (the chain of a main kernel that writes bf16 dq itself, the Hopper
-    warp-specialized kernel's ``dq_last``): if ``q_counts[block] == 0`` (no kv block selected by q
-    block ``block``) its dq rows written as exact zeros (no CTA of the main kernel adds into it).
+    written as exact zeros (the main kernel skips the item; the outputs are ``empty_like``).
 
 ``BlockSparseBwd64Postprocess`` -- one CTA (256 threads) per 64-row block:
 ``dq = bf16(dq_accum * sm_scale)``, rows with ``lse == -inf`` exactly 0 whatever ``dq_accum`` holds.
@@ -44,7 +41,7 @@ import cuda.bindings.driver as cuda
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Int32, const_expr
+from cutlass import Float32, Int32
 
 from fastvideo_cute.jit import CuteKernel, fake_matrix, fake_stream, fake_vector
 
@@ -62,13 +59,11 @@ def _tiled_copy_2d(dtype, threads_per_row: int, num_threads: int, elems: int) ->
 
 class BlockSparseBwd64Preprocess(CuteKernel):
     """delta, lse2, dq_accum zeroing, dk/dv zero rows of unselected kv blocks (see the module).
-    Called (compiled) as ``fn(o2d, do2d, lse1d, delta1d, lse2_1d, dqacc2d, dk2d, dv2d, k2q_num1d, q_counts1d,
-    dq2d)``; the last two are read only with ``zero_dq`` (else any int32 vector and bf16 ``[*, 128]``)."""
+    Called (compiled) as ``fn(o2d, do2d, lse1d, delta1d, lse2_1d, dqacc2d, dk2d, dv2d, k2q_num1d)``."""
 
     name = "block_sparse_bwd64_preprocess"
 
-    def __init__(self, zero_dq: bool = False):
-        self.zero_dq = bool(zero_dq)
+    def __init__(self):
         self.dtype = cutlass.BFloat16
         self.num_threads = NUM_THREADS
         # bf16 tiles: 16 threads x 8 elements (128-bit) per row, 16 rows a pass, 4 passes.
@@ -77,7 +72,7 @@ class BlockSparseBwd64Preprocess(CuteKernel):
         self.f32_threads_per_row = HEAD_DIM // 4
 
     def config(self):
-        return {"zero_dq": self.zero_dq}
+        return {}
 
     @cute.jit
     def __call__(
@@ -91,14 +86,12 @@ class BlockSparseBwd64Preprocess(CuteKernel):
         mdK: cute.Tensor,  # [R, 128] bf16 (out: zero rows of unselected kv blocks)
         mdV: cute.Tensor,  # [R, 128] bf16
         mK2QNum: cute.Tensor,  # [B*H*nb] int32
-        mQCnt: cute.Tensor,  # [B*H*nb] int32 (zero_dq)
-        mdQ: cute.Tensor,  # [R, 128] bf16 (zero_dq; out: zero rows of q blocks no kv block selected)
         stream: cuda.CUstream,
     ):
         copy_bf16 = _tiled_copy_2d(self.dtype, self.bf16_threads_per_row, self.num_threads, 8)
         copy_f32 = _tiled_copy_2d(Float32, self.f32_threads_per_row, self.num_threads, 4)
         num_blocks = cute.size(mK2QNum.shape[0])
-        self.kernel(mO, mdO, mLSE, mDelta, mLSE2, mdQaccum, mdK, mdV, mK2QNum, mQCnt, mdQ, copy_bf16, copy_f32).launch(
+        self.kernel(mO, mdO, mLSE, mDelta, mLSE2, mdQaccum, mdK, mdV, mK2QNum, copy_bf16, copy_f32).launch(
             grid=[num_blocks, 1, 1], block=[self.num_threads, 1, 1], stream=stream
         )
 
@@ -114,8 +107,6 @@ class BlockSparseBwd64Preprocess(CuteKernel):
         mdK: cute.Tensor,
         mdV: cute.Tensor,
         mK2QNum: cute.Tensor,
-        mQCnt: cute.Tensor,
-        mdQ: cute.Tensor,
         copy_bf16: cute.TiledCopy,
         copy_f32: cute.TiledCopy,
     ):
@@ -170,14 +161,6 @@ class BlockSparseBwd64Preprocess(CuteKernel):
             cute.copy(copy_bf16, zero_bf16, tKgK)
             cute.copy(copy_bf16, zero_bf16, tVgV)
 
-        # ---- dq = 0 on q blocks no kv block selected (zero_dq)
-        if const_expr(self.zero_dq):
-            if mQCnt[blk] == 0:
-                tQgdQ = thr_bf16.partition_D(cute.local_tile(mdQ, tile, (blk, 0)))
-                zero_q = cute.make_rmem_tensor_like(tQgdQ)
-                zero_q.fill(0.0)
-                cute.copy(copy_bf16, zero_q, tQgdQ)
-
     # ------------------------------------------------------------------ compilation
     def fake_args(self) -> tuple:
         rows, items = cute.sym_int32(), cute.sym_int32()
@@ -191,9 +174,7 @@ class BlockSparseBwd64Preprocess(CuteKernel):
         num = fake_vector(Int32, items, align=4)
         bf = self.dtype
         return (rows_x_dim(bf, 16), rows_x_dim(bf, 16), per_row(), per_row(), per_row(),
-                rows_x_dim(Float32, 16), rows_x_dim(bf, 16), rows_x_dim(bf, 16), num,
-                fake_vector(Int32, cute.sym_int32(), align=4), fake_matrix(bf, cute.sym_int32(), HEAD_DIM, align=16),
-                fake_stream())
+                rows_x_dim(Float32, 16), rows_x_dim(bf, 16), rows_x_dim(bf, 16), num, fake_stream())
 
 
 class BlockSparseBwd64Postprocess(CuteKernel):
@@ -286,41 +267,27 @@ class BlockSparseBwd64PostprocessFrag(CuteKernel):
     def kernel(self, mdQaccum: cute.Tensor, mLSE: cute.Tensor, mdQ: cute.Tensor, sm_scale: Float32):
         tidx, _, _ = cute.arch.thread_idx()
         blk, _, _ = cute.arch.block_idx()
-        frag_tile_to_rows(mdQaccum, mdQ, blk, tidx, sm_scale, mLSE, -Float32.inf, self.dtype, 1)
-
-    fake_args = BlockSparseBwd64Postprocess.fake_args  # the same arguments
-
-
-@cute.jit
-def frag_tile_to_rows(mdQaccum: cute.Tensor, mdQ: cute.Tensor, rb, t, sm_scale: Float32, mStat: cute.Tensor,
-                      empty: Float32, dtype: cutlass.Constexpr, passes: cutlass.Constexpr):
-    """Thread ``t``'s share (``t`` < 128, one thread of the accumulator's warpgroup) of q block ``rb``'s
-    register-ordered dq_accum tile (floats ``512 i + 4 t .. + 3``, i < 16: dQ's rows ``16 (t // 32) +
-    t % 32 // 4 (+ 8)``, columns ``8 i + 2 (t % 4) (+ 1)``) into ``mdQ``'s rows as ``dtype(acc *
-    sm_scale)``, rows whose ``mStat`` value equals ``empty`` (no valid key) exactly 0; in ``passes``
-    passes of ``16 / passes`` register groups (fewer registers live: the Hopper warp-specialized
-    kernel's ``dq_last`` converts with 32 registers a thread). ``BlockSparseBwd64PostprocessFrag``
-    (one pass, natural-log LSE, ``-inf``) and ``dq_last`` (four passes, ``lse2``, ``+inf``)."""
-    tile = BLOCK * HEAD_DIM
-    per = 16 // passes
-    row0 = rb * BLOCK + (t // 32) * 16 + (t % 32) // 4
-    col0 = (t % 4) * 2
-    for q in cutlass.range_constexpr(passes):
-        src = cute.make_tensor(mdQaccum.iterator + cute.assume(rb * tile + q * per * 512 + t * 4, divby=4),
-                               cute.make_layout((4, per), stride=(1, 512)))
-        acc = cute.make_rmem_tensor((4, per), Float32)
+        tile = BLOCK * HEAD_DIM
+        src = cute.make_tensor(mdQaccum.iterator + cute.assume(blk * tile + tidx * 4, divby=4),
+                               cute.make_layout((4, 16), stride=(1, 4 * self.num_threads)))
+        acc = cute.make_rmem_tensor((4, 16), Float32)
         cute.autovec_copy(src, acc)
+        lane = tidx % 32
+        row0 = blk * BLOCK + (tidx // 32) * 16 + lane // 4
+        col0 = (lane % 4) * 2
         for h in cutlass.range_constexpr(2):
             row = row0 + 8 * h
-            out = cute.make_rmem_tensor((2, per), dtype)
-            for i in cutlass.range_constexpr(per):
+            out = cute.make_rmem_tensor((2, 16), self.dtype)
+            for i in cutlass.range_constexpr(16):
                 for e in cutlass.range_constexpr(2):
-                    out[e, i] = dtype(acc[2 * h + e, i] * sm_scale)
-            if mStat[row] == empty:
+                    out[e, i] = self.dtype(acc[2 * h + e, i] * sm_scale)
+            if mLSE[row] == -Float32.inf:
                 out.fill(0.0)
-            dst = cute.make_tensor(mdQ.iterator + cute.assume(row * HEAD_DIM + q * per * 8 + col0, divby=2),
-                                   cute.make_layout((2, per), stride=(1, 8)))
+            dst = cute.make_tensor(mdQ.iterator + cute.assume(row * HEAD_DIM + col0, divby=2),
+                                   cute.make_layout((2, 16), stride=(1, 8)))
             cute.autovec_copy(out, dst)
+
+    fake_args = BlockSparseBwd64Postprocess.fake_args  # the same arguments
 
 
 def main_fake_args(dtype, io_align: int, tma_align: int) -> tuple:

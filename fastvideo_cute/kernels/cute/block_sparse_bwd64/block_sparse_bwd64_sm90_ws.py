@@ -13,8 +13,6 @@ three warpgroups that run concurrently (384 threads, one CTA per SM, ``setmaxnre
                  (``cp.reduce.async.bulk.tensor``, four 64 x 32 boxes); with ``flat_dq`` staged in
                  the accumulator's register order and added by one 32 KB ``cp.reduce.async.bulk``
                  into a dq_accum tile of that order (the postprocess un-permutes it)
-         warp 2     with ``dq_last``: count q blocks down, convert those whose last reduction this CTA made
-                 (dq_accum tile -> bf16 dq rows), told per step by the store warp; no postprocess
     WG1          S^T = K Q^T (RS: K in registers with ``kv_regs``, else SS), P^T = exp2(S^T *
                  scale_log2 - lse2) with padded keys 0 (select), P^T (fp32) handed to WG2 through
                  shared memory (thread-private order), dV += P^T dO (RS)
@@ -64,7 +62,6 @@ from ..common.bulk import bulk_copy_g2s, bulk_reduce_add_f32
 from ..common.tma import tma_row_tiles
 from ..common.wgmma import wgmma_gemm
 from .block_sparse_bwd64_common import main_fake_args
-from .dq_last import CONV_SMEM, CONV_STAGES, convert_last, send_done
 from .last_arrival import add_rows_last_arrival, group_parts
 from .pointwise import dscores_t, probs_t
 from .limits import BLOCK, HEAD_DIM
@@ -78,12 +75,8 @@ LOG2E = math.log2(math.e)
 # thread triple fits the 64 K register file with one CTA per SM; WG2 holds the most (dK, dQ, dP^T
 # accumulators, P^T, V)
 REGS_PRODUCER = 24
-REGS_AT_LAUNCH = 65536 // THREADS // 8 * 8  # 168
 REGS_WG1 = 224
 REGS_WG2 = 256
-# dq_last: warp 2 converts dQ tiles at 32 registers, paid by WG2 (32 + 224 + 248 = 504: a sum over
-# 504 leaves a setmaxregister_increase waiting forever for registers the CTA was never given)
-REGS_DQ_LAST = (32, 224, 248)
 # named barrier ids (0 is the CTA-wide barrier); P_READY/P_FREE/DQ_FULL/DQ_FREE + stage
 P_READY, P_FREE, DQ_FULL, DQ_FREE, WG2_SYNC = 1, 3, 5, 7, 9
 # bulk_dkv's epilogue: both MMA warpgroups out of their loops (then the Q and dO rings are free),
@@ -105,21 +98,20 @@ def smem_bytes(q_stages: int = 3, p_stages: int = 1, dq_stages: int = 1) -> int:
 class BlockSparseBwd64Sm90Ws(CuteKernel):
     """Warp-specialized wgmma main kernel of the 64-token VSA backward (module docstring). Called
     (compiled) as ``fn(q2d, k2d, v2d, do2d, dk2d, dv2d, dqacc2d, lse2, delta, idx2d, num, vbs, order, gb,
-    ws, tk, qc, dq2d, sm_scale)``: ``BlockSparseBwd64Sm90``'s arguments, ``gb`` (int32 ``[items, groups + 1]``: item
+    ws, tk, sm_scale)``: ``BlockSparseBwd64Sm90``'s arguments, ``gb`` (int32 ``[items, groups + 1]``: item
     ``i``'s q group ``g`` is its k2q list's entries ``gb[i, g] .. gb[i, g + 1] - 1``). One CTA per
     (item, group): with one group through the work order ``order``; with more, CTA ``w`` takes
     ``(b*H + h, g, kv)`` in that order from ``w`` (``order`` unused), so the CTAs resident together
     read Q/dO and reduce dQ within one head's q group (L2), and dk/dv must be ``grouped``
     accumulators or the build ``ticket_dkv`` (``ws``: fp32, ``items * 2 * 64 * 128`` elements; ``tk``: int32
-    ``items * limits.TICKET_COUNTERS``, zero; both unused by other builds, which take any small tensors there);
-    ``qc`` / ``dq2d``: ``dq_last``'s counts (int32 ``[B*H*nb]``, consumed) and bf16 dq rows (else unused)."""
+    ``items * limits.TICKET_COUNTERS``, zero; both unused by other builds, which take any small tensors there)."""
 
     name = "block_sparse_bwd64_sm90_ws"
 
     def __init__(self, q_stages: int = 3, p_stages: int = 1, dq_stages: int = 1, kv_regs: bool = True,
                  grouped: bool = False, bulk_dkv: bool = True, narrow_dq: bool = False, flat_dq: bool = False,
                  zero_pad_v: bool = False, ticket_dkv: bool = False, pair_stores: bool = False,
-                 tma_dkv: bool = False, dq_last: bool = False, dq_lag: int = 1):
+                 tma_dkv: bool = False):
         """``q_stages``: depth of the Q and dO rings; ``p_stages`` / ``dq_stages``: buffers of the
         P^T hand-off and of the dQ staging tile (1 or 2: with 2 the producing side runs a step
         ahead); ``kv_regs``: WG1 holds K and WG2 holds V in registers (S^T and dP^T as RS wgmma,
@@ -152,21 +144,13 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
         as the fragment's pairs of adjacent columns, 32 four-byte stores a thread instead of 64
         two-byte ones; ``tma_dkv`` (not with ``grouped``): each warp writes its 16 bf16 rows by stmatrix
         into a swizzled tile (dK: K's, free once WG2 left its loop; dV: a 16 KB buffer of its own, so
-        WG1 waits on no one) and two TMA tensor stores of 16 x 64 pieces; ``dq_last`` (with ``flat_dq``):
-        dq in bf16 written by the main kernel, no postprocess: warp 2, told by the store warp, counts each q
-        block's arrivals down (``mQc``, int32 ``[B*H*nb]``, set by the caller to the number of CTAs that add into
-        the block: its q2k count) once its reduce-add has completed, and the CTA whose arrival takes the
-        count to 0 converts the block's dq_accum tile (``* sm_scale``, rows with ``lse2 == +inf`` exactly 0)
-        into ``mdQ``'s rows in its idle warp 2 while its MMA warpgroups go on; q blocks no CTA adds
-        into are the caller's to zero (the preprocess's ``zero_dq``); ``dq_lag`` (1 or 2, with ``dq_last``): the
-        store warp reports step ``t - dq_lag``'s q block done after issuing step ``t``'s reduction."""
+        WG1 waits on no one) and two TMA tensor stores of 16 x 64 pieces."""
         for name, v in (("p_stages", p_stages), ("dq_stages", dq_stages)):
             if v not in (1, MAX_STAGES):
                 raise ValueError(f"{name} must be 1 or {MAX_STAGES}, got {v}")
         if q_stages not in (2, 3, 4):
             raise ValueError(f"q_stages must be 2, 3 or 4, got {q_stages}")
-        need = (smem_bytes(q_stages, p_stages, dq_stages) + (BLOCK * HEAD_DIM * 2 + 1024 if tma_dkv else 0)
-                + (CONV_SMEM if dq_last else 0))
+        need = smem_bytes(q_stages, p_stages, dq_stages) + (BLOCK * HEAD_DIM * 2 + 1024 if tma_dkv else 0)
         if need > SMEM_LIMIT:
             raise ValueError(f"q_stages={q_stages}, p_stages={p_stages}, dq_stages={dq_stages}, tma_dkv={tma_dkv} need {need} B of "
                              f"shared memory, more than the {SMEM_LIMIT} B a CTA has on sm_90")
@@ -184,32 +168,20 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
             raise ValueError("tma_dkv stores bf16 dk/dv rows: it cannot be combined with grouped")
         if self.ticket_dkv and self.grouped:
             raise ValueError("ticket_dkv writes bf16 dk/dv itself: it cannot be combined with grouped")
-        self.dq_last = bool(dq_last)
-        if self.dq_last and not self.flat_dq:
-            raise ValueError("dq_last converts register-ordered dq_accum tiles: it needs flat_dq")
-        if dq_lag not in (1, 2):
-            raise ValueError(f"dq_lag must be 1 or 2, got {dq_lag}")
-        self.dq_lag = int(dq_lag) if self.dq_last else 1
-        self.regs = REGS_DQ_LAST if self.dq_last else (REGS_PRODUCER, REGS_WG1, REGS_WG2)
-        # the CTA is launched with 168 registers a thread (64 K / 384, in steps of 8): setmaxnreg only
-        # moves registers between its warpgroups
-        assert sum(self.regs) <= 3 * REGS_AT_LAUNCH, self.regs
 
     def config(self):
         return {"q_stages": self.q_stages, "p_stages": self.p_stages, "dq_stages": self.dq_stages,
                 "kv_regs": self.kv_regs, "grouped": self.grouped, "bulk_dkv": self.bulk_dkv,
                 "narrow_dq": self.narrow_dq, "flat_dq": self.flat_dq, "zero_pad_v": self.zero_pad_v,
                 "ticket_dkv": self.ticket_dkv, "pair_stores": self.pair_stores,
-                "tma_dkv": self.tma_dkv, "dq_last": self.dq_last,
-                **({"dq_lag": self.dq_lag} if self.dq_last else {})}
+                "tma_dkv": self.tma_dkv}
 
     # ------------------------------------------------------------------ host side
     @cute.jit
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mdO: cute.Tensor, mdK: cute.Tensor,
                  mdV: cute.Tensor, mdQaccum: cute.Tensor, mLSE2: cute.Tensor, mDelta: cute.Tensor,
                  mIdx: cute.Tensor, mNum: cute.Tensor, mVbs: cute.Tensor, mOrder: cute.Tensor, mGB: cute.Tensor,
-                 mWs: cute.Tensor, mTk: cute.Tensor, mQc: cute.Tensor, mdQ: cute.Tensor, sm_scale: Float32,
-                 stream: cuda.CUstream):
+                 mWs: cute.Tensor, mTk: cute.Tensor, sm_scale: Float32, stream: cuda.CUstream):
         bf = self.dtype
         k_atom = warpgroup.make_smem_layout_atom(warpgroup.SmemLayoutAtomKind.K_SW128, bf)
         tile_layout = cute.tile_to_shape(k_atom, (BLOCK, HEAD_DIM), order=(0, 1))
@@ -259,15 +231,13 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
             sLse: cute.struct.Align[cute.struct.MemRange[Float32, BLOCK * self.q_stages], 128]
             sDelta: cute.struct.Align[cute.struct.MemRange[Float32, BLOCK * self.q_stages], 128]
             sDV: cute.struct.Align[cute.struct.MemRange[bf, cute.cosize(tile_layout) if self.tma_dkv else 8], 1024]
-            bar_cv: cute.struct.MemRange[cutlass.Int64, 2 * CONV_STAGES if self.dq_last else 2]
-            sCv: cute.struct.Align[cute.struct.MemRange[Int32, CONV_STAGES if self.dq_last else 1], 16]
 
         scale_log2 = sm_scale * Float32(LOG2E)
         self.kernel(
             tma_atom_Q, tma_Q, tma_atom_dO, tma_dO, tma_atom_K, tma_K, tma_atom_V, tma_V, tma_atom_dQ,
             mdQaccum if const_expr(self.flat_dq) else tma_dQ,
             mdK, mdV, tma_atom_dK, tma_dK, tma_atom_dV, tma_dV, mLSE2, mDelta, mIdx, mNum, mVbs, mOrder, mGB,
-            mWs, mTk, mQc, mdQ, sm_scale, scale_log2,
+            mWs, mTk, sm_scale, scale_log2,
             mma_s, mma_kv, mma_dq, tile_layout, ring_layout, ds_layout, dq_ring, SharedStorage,
         ).launch(grid=(cute.size(mGB.shape[0]) * (cute.size(mGB.shape[1]) - 1), 1, 1), block=(THREADS, 1, 1),
                  smem=SharedStorage.size_in_bytes(),
@@ -281,8 +251,7 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
                mdK: cute.Tensor, mdV: cute.Tensor, tma_atom_dK: cute.CopyAtom, tma_dK: cute.Tensor,
                tma_atom_dV: cute.CopyAtom, tma_dV: cute.Tensor, mLSE2: cute.Tensor, mDelta: cute.Tensor,
                mIdx: cute.Tensor, mNum: cute.Tensor, mVbs: cute.Tensor, mOrder: cute.Tensor, mGB: cute.Tensor,
-               mWs: cute.Tensor, mTk: cute.Tensor, mQc: cute.Tensor, mdQ: cute.Tensor, sm_scale: Float32,
-               scale_log2: Float32,
+               mWs: cute.Tensor, mTk: cute.Tensor, sm_scale: Float32, scale_log2: Float32,
                mma_s: cute.TiledMma, mma_kv: cute.TiledMma, mma_dq: cute.TiledMma,
                tile_layout: cute.ComposedLayout, ring_layout: cute.ComposedLayout, ds_layout: cute.ComposedLayout,
                dq_ring: cute.ComposedLayout, SharedStorage: cutlass.Constexpr):
@@ -325,38 +294,28 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
         pipe_do = pipeline.PipelineTmaAsync.create(barrier_storage=storage.bar_do.data_ptr(), num_stages=self.q_stages,
                                                    producer_group=one, consumer_group=consumers,
                                                    tx_count=tile_bytes + BLOCK * 4, defer_sync=True)
-        pipe_cv, slots = None, None
-        if const_expr(self.dq_last):  # store warp (lane 0) -> converting warp 2 (lane 0 releases)
-            pipe_cv = pipeline.PipelineAsync.create(barrier_storage=storage.bar_cv.data_ptr(), num_stages=CONV_STAGES,
-                                                    producer_group=one,
-                                                    consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 1),
-                                                    defer_sync=True)
-            slots = storage.sCv.get_tensor(cute.make_layout((CONV_STAGES,)))
         cute.arch.mbarrier_init_fence()
         cute.arch.barrier()
         if count > 0:
             wg = warp_idx // 4
             if wg == 0:
-                cute.arch.setmaxregister_decrease(self.regs[0])
+                cute.arch.setmaxregister_decrease(REGS_PRODUCER)
                 if warp_idx == 0:
                     self.producer(tma_atom_Q, mQ, tma_atom_dO, mdO, tma_atom_K, mK, tma_atom_V, mV, mLSE2, mDelta,
                                   mIdx, tile_layout, ring_layout, storage, bar_kv, pipe_q, pipe_do, item, bh, kv, nb,
                                   base, count, tile_bytes)
                 if warp_idx == 1:
                     if const_expr(self.flat_dq):
-                        self.dq_store_flat(mdQaccum, mIdx, storage, item, bh, nb, base, count, pipe_cv, slots)
+                        self.dq_store_flat(mdQaccum, mIdx, storage, item, bh, nb, base, count)
                     else:
                         self.dq_store(tma_atom_dQ, mdQaccum, mIdx, dq_ring, storage, item, bh, nb, base, count)
-                if const_expr(self.dq_last):
-                    if warp_idx == 2:
-                        convert_last(mdQaccum, mLSE2, mdQ, slots, pipe_cv, mQc, sm_scale, count, self.dtype)
             if wg == 1:
-                cute.arch.setmaxregister_increase(self.regs[1])
+                cute.arch.setmaxregister_increase(REGS_WG1)
                 self.wg_s_dv(mdV, mma_s, mma_kv, tile_layout, ring_layout, storage, bar_kv, pipe_q, pipe_do,
                              scale_log2, tidx - WG, kv, bh, nb, count, size, (mWs, mTk, mGB, item, num),
                              (tma_atom_dV, tma_dV, storage.sDV))
             if wg == 2:
-                cute.arch.setmaxregister_increase(self.regs[2])
+                cute.arch.setmaxregister_increase(REGS_WG2)
                 self.wg_dp_dq_dk(mdK, mma_s, mma_kv, mma_dq, tile_layout, ring_layout, ds_layout, dq_ring, storage, bar_kv,
                                  pipe_q, pipe_do, sm_scale, tidx - 2 * WG, kv, bh, nb, count, size,
                                  (mWs, mTk, mGB, item, num), (tma_atom_dK, tma_dK, storage.sK))
@@ -413,21 +372,12 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
         cute.arch.cp_async_bulk_wait_group(0, read=True)  # the buffer stays until the TMA unit has read it
 
     @cute.jit
-    def dq_store_flat(self, mdQaccum, mIdx, storage, item, bh, nb, base, count, pipe_cv, slots):
+    def dq_store_flat(self, mdQaccum, mIdx, storage, item, bh, nb, base, count):
         """``flat_dq``'s store warp: lane 0 adds each staged tile (32 KB, register order) into q block
         ``rb``'s 32 KB of ``dq_accum`` by one bulk reduce-add; its bulk groups are lane 0's, so lane 0
-        alone waits on them, and the whole warp meets the named barriers. With ``dq_last`` lane 0, once step
-        ``t``'s reduction is issued, waits for step ``t - dq_lag``'s to complete (``wait_group dq_lag``: the
-        newer ones stay in flight) and sends that q block to the converting warp, which counts it down;
-        the last ``dq_lag`` steps after the loop. (With the count-down in this warp the kernel ran at
-        0.66-0.80x cuDNN on the H100 and the H200, waiting before step ``t``'s issue or after it, lag 1 or 2:
-        ``tests/logs/h100_2026-12-06_s23_406d65f.log``, ``h200_2026-12-06_s23_3079257.log``; ``dq_last.py``.)"""
+        alone waits on them, and the whole warp meets the named barriers."""
         lane = cute.arch.lane_idx()
         tile = BLOCK * HEAD_DIM
-        lag = self.dq_lag
-        state_cv = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, CONV_STAGES)
-        prev1 = Int32(-1)  # step t - 1's q block
-        prev2 = Int32(-1)  # step t - 2's (dq_lag 2)
         for t in cutlass.range(count, unroll=1):
             rb = bh * nb + mIdx[item, base + t]
             d = t % self.dq_stages
@@ -438,26 +388,8 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
             if lane == 0:
                 bulk_reduce_add_f32(storage.sdQ.data_ptr() + d * tile, mdQaccum.iterator + rb * tile, tile * 4)
                 cute.arch.cp_async_bulk_commit_group()
-                if const_expr(self.dq_last):
-                    if t >= lag:  # step t - lag's reduction has completed: report its q block
-                        cute.arch.cp_async_bulk_wait_group(lag)
-                        done = prev1
-                        if const_expr(lag == 2):
-                            done = prev2
-                        send_done(pipe_cv, slots, state_cv, done)
-                        state_cv.advance()
-            prev2 = prev1
-            prev1 = rb
         if lane == 0:
-            if const_expr(self.dq_last):  # the last min(count, lag) steps, in order
-                cute.arch.cp_async_bulk_wait_group(0)
-                if const_expr(lag == 2):
-                    if count >= 2:
-                        send_done(pipe_cv, slots, state_cv, prev2)
-                        state_cv.advance()
-                send_done(pipe_cv, slots, state_cv, prev1)
-            else:
-                cute.arch.cp_async_bulk_wait_group(0, read=True)
+            cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     # ---- WG1: S, P, dV
     @cute.jit
@@ -757,6 +689,4 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
         gb = fake_matrix(Int32, cute.sym_int32(), cute.sym_int32(), align=4)  # [items, groups + 1]
         ws = fake_vector(Float32, cute.sym_int32(), align=16)  # ticket_dkv's workspace (else unused)
         tk = fake_vector(Int32, cute.sym_int32(), align=4)  # and its counters
-        qc = fake_vector(Int32, cute.sym_int32(), align=4)  # dq_last's per-q-block counts (else unused)
-        dq = fake_matrix(self.dtype, cute.sym_int32(), HEAD_DIM, align=16)  # and its bf16 dq
-        return (*args[:13], gb, ws, tk, qc, dq, *args[13:])
+        return (*args[:13], gb, ws, tk, *args[13:])
