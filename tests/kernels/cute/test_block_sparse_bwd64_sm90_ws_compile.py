@@ -242,3 +242,38 @@ def test_tma_dkv_writes_each_warps_rows_by_stmatrix_and_two_tma_stores():
     with pytest.raises(ValueError, match="tma_dkv"):
         sm90_ws_main_kernel(tma_dkv=True, grouped=True)
 
+
+
+def test_ds_out_stores_ds_tiles_instead_of_reducing_dq():
+    """``ds_out=True`` (the experimental split backward's main kernel, on the route's build): no dQ GEMM
+    (24 HGMMA: the route's 34 less dQ's ten narrow-width k-steps), no reduction into dq_accum, and the
+    store warp's one 8 KB bulk store of the dS tile (UBLKCP from shared to global) beside the lse2/delta
+    loads; no spill, the register pool as the route's."""
+    from functools import partial
+
+    from fastvideo_cute.compile_check import build_report
+    from fastvideo_cute.kernels.cute import CuteKernelSpec
+    from fastvideo_cute.kernels.cute.block_sparse_bwd64 import sm90_ws_main_kernel
+
+    config = dict(FLAT_BUILD, zero_pad_v=True, ticket_dkv=True, tma_dkv=True, ds_out=True)
+    spec = CuteKernelSpec(name=f"{NAME}_ds_out", archs=("sm_90a",), make=partial(sm90_ws_main_kernel, **config),
+                          expect=("HGMMA", "UBLKCP", "USETMAXREG"))
+    report = build_report(spec, "sm_90a")
+    print(report.line)
+    assert report.ok and report.spill == 0 and report.regs <= 168, report.line
+    _assert_register_pool_fits(report)
+    assert report.count("HGMMA") == 24, report.line
+    assert report.count("UBLKRED") == 0 and report.count("UTMAREDG") == 0
+    assert len(re.findall(r"UBLKCP\.G\.S ", report.sass)) == 1  # the dS tile, shared -> global
+    assert len(re.findall(r"UBLKCP\.S\.G ", report.sass)) == 2  # lse2, delta
+    from fastvideo_cute.compile_check import inflight_operand_writes
+
+    assert inflight_operand_writes(report.sass) == [], report.line
+
+
+@pytest.mark.parametrize("bad", [dict(ds_out=True), dict(ds_out=True, flat_dq=True, dq_stages=2)])
+def test_ds_out_needs_flat_dq_and_one_staging_buffer(bad):
+    from fastvideo_cute.kernels.cute.block_sparse_bwd64 import sm90_ws_main_kernel
+
+    with pytest.raises(ValueError, match="ds_out"):
+        sm90_ws_main_kernel(**bad)

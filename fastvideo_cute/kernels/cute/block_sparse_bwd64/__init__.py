@@ -24,7 +24,8 @@ from __future__ import annotations
 from .limits import COMMON_CAPABILITIES, MAIN_CAPABILITIES, MAIN_COMPILE_ARCHS  # noqa: F401 (re-exported)
 
 __all__ = ["COMMON_ARCHS", "MAIN_COMPILE_ARCHS", "STAGES", "stage_class", "stage_kernel", "main_kernel_class",
-           "main_kernel", "SM90_REGISTRY_NAME", "sm90_main_kernel", "SM90_WS_REGISTRY_NAME", "sm90_ws_main_kernel"]
+           "main_kernel", "SM90_REGISTRY_NAME", "sm90_main_kernel", "SM90_WS_REGISTRY_NAME", "sm90_ws_main_kernel",
+           "sm90_dq_from_ds_kernel"]
 
 #: the Hopper main kernel's registry name (targets sm_90a only)
 SM90_REGISTRY_NAME = "block_sparse_bwd64_sm90"
@@ -78,3 +79,11 @@ def sm90_ws_main_kernel(**config):
     from .block_sparse_bwd64_sm90_ws import BlockSparseBwd64Sm90Ws
 
     return BlockSparseBwd64Sm90Ws(**config)
+
+
+def sm90_dq_from_ds_kernel(**config):
+    """The q-owned dQ kernel of the experimental split backward (sm_90a; imports the CuTe DSL):
+    ``dq_from_ds_sm90.BlockSparseDq64Sm90(**config)``."""
+    from .dq_from_ds_sm90 import BlockSparseDq64Sm90
+
+    return BlockSparseDq64Sm90(**config)

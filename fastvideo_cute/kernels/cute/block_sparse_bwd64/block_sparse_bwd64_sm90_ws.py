@@ -58,7 +58,7 @@ from quack import layout_utils
 
 from fastvideo_cute.jit import CuteKernel, fake_matrix, fake_vector
 
-from ..common.bulk import bulk_copy_g2s, bulk_reduce_add_f32
+from ..common.bulk import bulk_copy_g2s, bulk_copy_s2g, bulk_reduce_add_f32
 from ..common.tma import tma_row_tiles
 from ..common.wgmma import wgmma_gemm
 from .block_sparse_bwd64_common import main_fake_args
@@ -111,7 +111,7 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
     def __init__(self, q_stages: int = 3, p_stages: int = 1, dq_stages: int = 1, kv_regs: bool = True,
                  grouped: bool = False, bulk_dkv: bool = True, narrow_dq: bool = False, flat_dq: bool = False,
                  zero_pad_v: bool = False, ticket_dkv: bool = False, pair_stores: bool = False,
-                 tma_dkv: bool = False):
+                 tma_dkv: bool = False, ds_out: bool = False):
         """``q_stages``: depth of the Q and dO rings; ``p_stages`` / ``dq_stages``: buffers of the
         P^T hand-off and of the dQ staging tile (1 or 2: with 2 the producing side runs a step
         ahead); ``kv_regs``: WG1 holds K and WG2 holds V in registers (S^T and dP^T as RS wgmma,
@@ -144,7 +144,12 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
         as the fragment's pairs of adjacent columns, 32 four-byte stores a thread instead of 64
         two-byte ones; ``tma_dkv`` (not with ``grouped``): each warp writes its 16 bf16 rows by stmatrix
         into a swizzled tile (dK: K's, free once WG2 left its loop; dV: a 16 KB buffer of its own, so
-        WG1 waits on no one) and two TMA tensor stores of 16 x 64 pieces."""
+        WG1 waits on no one) and two TMA tensor stores of 16 x 64 pieces; ``ds_out`` (experimental, the
+        split backward of ``adapters/cute_sm90_bwd64_split``; needs ``flat_dq``, one q group): no dQ GEMM
+        and no reduction into ``dq_accum`` (given, unused): the store warp bulk-stores each step's bf16 dS
+        tile (8 KB, the swizzled image WG2 writes by stmatrix) into the workspace at ``mWs`` (its base
+        pointer; 8 KB tiles) at the slot ``mTk[item * width + t]`` (int32, the caller's q-owned order), and
+        ``BlockSparseDq64Sm90`` sums dQ from them."""
         for name, v in (("p_stages", p_stages), ("dq_stages", dq_stages)):
             if v not in (1, MAX_STAGES):
                 raise ValueError(f"{name} must be 1 or {MAX_STAGES}, got {v}")
@@ -164,6 +169,10 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
         self.ticket_dkv = bool(ticket_dkv)
         self.pair_stores = bool(pair_stores)
         self.tma_dkv = bool(tma_dkv)
+        # experimental: dS tiles bulk-stored (slots in mTk) instead of dQ computed and reduced
+        self.ds_out = bool(ds_out)
+        if self.ds_out and not (self.flat_dq and self.dq_stages == 1):
+            raise ValueError("ds_out needs flat_dq and dq_stages=1")
         if self.tma_dkv and self.grouped:
             raise ValueError("tma_dkv stores bf16 dk/dv rows: it cannot be combined with grouped")
         if self.ticket_dkv and self.grouped:
@@ -174,7 +183,7 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
                 "kv_regs": self.kv_regs, "grouped": self.grouped, "bulk_dkv": self.bulk_dkv,
                 "narrow_dq": self.narrow_dq, "flat_dq": self.flat_dq, "zero_pad_v": self.zero_pad_v,
                 "ticket_dkv": self.ticket_dkv, "pair_stores": self.pair_stores,
-                "tma_dkv": self.tma_dkv}
+                "tma_dkv": self.tma_dkv, **({"ds_out": True} if self.ds_out else {})}
 
     # ------------------------------------------------------------------ host side
     @cute.jit
@@ -305,7 +314,9 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
                                   mIdx, tile_layout, ring_layout, storage, bar_kv, pipe_q, pipe_do, item, bh, kv, nb,
                                   base, count, tile_bytes)
                 if warp_idx == 1:
-                    if const_expr(self.flat_dq):
+                    if const_expr(self.ds_out):
+                        self.ds_store(mWs, mIdx, mTk, storage, item, base, count)
+                    elif const_expr(self.flat_dq):
                         self.dq_store_flat(mdQaccum, mIdx, storage, item, bh, nb, base, count)
                     else:
                         self.dq_store(tma_atom_dQ, mdQaccum, mIdx, dq_ring, storage, item, bh, nb, base, count)
@@ -387,6 +398,25 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
             cute.arch.barrier(barrier_id=DQ_FULL + d, number_of_threads=WG + 32)
             if lane == 0:
                 bulk_reduce_add_f32(storage.sdQ.data_ptr() + d * tile, mdQaccum.iterator + rb * tile, tile * 4)
+                cute.arch.cp_async_bulk_commit_group()
+        if lane == 0:
+            cute.arch.cp_async_bulk_wait_group(0, read=True)
+
+    @cute.jit
+    def ds_store(self, mWs, mIdx, mTk, storage, item, base, count):
+        """``ds_out`` (experimental, one q group only): lane 0 bulk-stores each step's dS tile (8 KB, the
+        swizzled image) into the workspace ``mWs`` (fp32-typed, viewed as 8 KB tiles) at tile
+        ``mTk[item * width + base + t]`` (the pair's slot in q-owned order, written by the caller)."""
+        lane = cute.arch.lane_idx()
+        width = cute.size(mIdx.shape[1])
+        for t in cutlass.range(count, unroll=1):
+            slot = mTk[item * width + base + t]
+            if lane == 0:
+                cute.arch.cp_async_bulk_wait_group(0, read=True)
+            cute.arch.barrier_arrive(barrier_id=DQ_FREE, number_of_threads=WG + 32)
+            cute.arch.barrier(barrier_id=DQ_FULL, number_of_threads=WG + 32)
+            if lane == 0:
+                bulk_copy_s2g(storage.sdS.data_ptr(), mWs.iterator + cutlass.Int64(slot) * (BLOCK * BLOCK // 2), BLOCK * BLOCK * 2)
                 cute.arch.cp_async_bulk_commit_group()
         if lane == 0:
             cute.arch.cp_async_bulk_wait_group(0, read=True)
@@ -521,22 +551,32 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
             pipe_do.consumer_release(state)
             dscores_t(rP_mn, acc_dP_mn, tScS_mn, delta, size, select=not self.zero_pad_v)
             rdS.store(tdS_view.load().to(bf))
-            copy_dS(rdS)
-            cute.arch.fence_proxy("async.shared", space="cta")
-            cute.arch.barrier(barrier_id=WG2_SYNC, number_of_threads=WG)
-            self.gemm_dq(mma_dq, acc_dQ, tQrdS, tQrKt, size)
-            wgmma_gemm(mma_kv, acc_dK, rdS, tKrQt[None, None, None, s], False)
-            warpgroup.wait_group(1)  # dQ done (dK may still run)
-            cute.arch.barrier(barrier_id=DQ_FREE + d, number_of_threads=WG + 32)
-            if const_expr(self.flat_dq):
-                self.stage_dq_flat(acc_dQ, storage.sdQ.data_ptr() + d * (BLOCK * HEAD_DIM), wtid)
+            if const_expr(self.ds_out):
+                cute.arch.barrier(barrier_id=DQ_FREE, number_of_threads=WG + 32)
+                copy_dS(rdS)
+                cute.arch.fence_proxy("async.shared", space="cta")
+                cute.arch.barrier_arrive(barrier_id=DQ_FULL, number_of_threads=WG + 32)
+                wgmma_gemm(mma_kv, acc_dK, rdS, tKrQt[None, None, None, s], False)
+                warpgroup.wait_group(0)
+                pipe_q.consumer_release(state)
+                state.advance()
             else:
-                cute.autovec_copy(acc_dQ, tQsdQ[None, None, None, d])
-            cute.arch.fence_proxy("async.shared", space="cta")
-            cute.arch.barrier_arrive(barrier_id=DQ_FULL + d, number_of_threads=WG + 32)
-            warpgroup.wait_group(0)
-            pipe_q.consumer_release(state)
-            state.advance()
+                copy_dS(rdS)
+                cute.arch.fence_proxy("async.shared", space="cta")
+                cute.arch.barrier(barrier_id=WG2_SYNC, number_of_threads=WG)
+                self.gemm_dq(mma_dq, acc_dQ, tQrdS, tQrKt, size)
+                wgmma_gemm(mma_kv, acc_dK, rdS, tKrQt[None, None, None, s], False)
+                warpgroup.wait_group(1)  # dQ done (dK may still run)
+                cute.arch.barrier(barrier_id=DQ_FREE + d, number_of_threads=WG + 32)
+                if const_expr(self.flat_dq):
+                    self.stage_dq_flat(acc_dQ, storage.sdQ.data_ptr() + d * (BLOCK * HEAD_DIM), wtid)
+                else:
+                    cute.autovec_copy(acc_dQ, tQsdQ[None, None, None, d])
+                cute.arch.fence_proxy("async.shared", space="cta")
+                cute.arch.barrier_arrive(barrier_id=DQ_FULL + d, number_of_threads=WG + 32)
+                warpgroup.wait_group(0)
+                pipe_q.consumer_release(state)
+                state.advance()
         if const_expr(self.bulk_dkv):  # into the Q ring, once WG1 (its other reader) is done
             cute.arch.barrier(barrier_id=EPI_SYNC, number_of_threads=2 * WG)
             self.bulk_add_rows(acc_dK, thr_kv, storage.sQ.data_ptr(), mdK, (bh * nb + kv) * BLOCK, size, sm_scale,

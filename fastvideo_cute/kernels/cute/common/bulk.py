@@ -8,7 +8,7 @@ from cutlass import Int32
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import dsl_user_op
 
-__all__ = ["bulk_reduce_add_f32", "bulk_copy_g2s"]
+__all__ = ["bulk_reduce_add_f32", "bulk_copy_g2s", "bulk_copy_s2g"]
 
 
 @dsl_user_op
@@ -41,6 +41,22 @@ def bulk_copy_g2s(gmem_ptr: cute.Pointer, smem_ptr: cute.Pointer, mbar_ptr: cute
          Int32(num_bytes).ir_value()],
         "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [$1], [$0], $3, [$2];",
         "l,r,r,r",
+        has_side_effects=True,
+        is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+    )
+
+
+@dsl_user_op
+def bulk_copy_s2g(smem_ptr: cute.Pointer, gmem_ptr: cute.Pointer, num_bytes, *, loc=None, ip=None):
+    """``cp.async.bulk.global.shared::cta.bulk_group``: ``num_bytes`` (a multiple of 16, both
+    addresses 16-byte aligned) from shared to global memory by the TMA unit, as one member of the
+    issuing thread's bulk group."""
+    llvm.inline_asm(
+        None,
+        [gmem_ptr.llvm_ptr, smem_ptr.toint(loc=loc, ip=ip).ir_value(), Int32(num_bytes).ir_value()],
+        "cp.async.bulk.global.shared::cta.bulk_group [$0], [$1], $2;",
+        "l,r,r",
         has_side_effects=True,
         is_align_stack=False,
         asm_dialect=llvm.AsmDialect.AD_ATT,

@@ -1,0 +1,109 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The split 64-token backward (experimental, sm_90a) beside the route's and cuDNN's, on the H200.
+
+Split: the kv-owned main kernel (``BlockSparseBwd64Sm90Ws(ds_out=True)``) stores each pair's bf16 dS
+tile (8 KB) in q-owned order instead of reduce-adding a 32 KB fp32 dQ tile; the q-owned
+``BlockSparseDq64Sm90`` sums dQ = scale * sum_j dS_ij K_j from them in registers. The pair slots
+(``adapters/cute_sm90_bwd64_split.pair_slots``, torch ops) are part of the split's time and also
+timed alone (``slots``). One q group (the ``ds_out`` build's limit). Rows: per case the
+per-round ratio of cuDNN's time to each entry's, the max relative difference of dq/dk/dv from cuDNN's.
+
+    python benchmarks/explore_ds_split.py --cases 32768 grid 65536 --rounds 3 --out results/x.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+ROUTE = dict(narrow_dq=True, p_stages=2, flat_dq=True, zero_pad_v=True, ticket_dkv=True, tma_dkv=True)
+
+
+def main(argv=None) -> int:
+    import torch
+    from triton.testing import do_bench
+
+    import bench_vsa
+    from explore_bwd64_sm90 import backward_case
+    from fastvideo_cute.adapters import cudnn_bsa as C
+    from fastvideo_cute.adapters.cute_sm90_bwd64 import sm90_block_sparse_bwd64
+    from fastvideo_cute.adapters.cute_sm90_bwd64_split import pair_slots, sm90_block_sparse_bwd64_split
+    from fastvideo_cute.metadata import map_to_index
+
+    p = argparse.ArgumentParser()
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--rep", type=int, default=50)
+    p.add_argument("--cases", nargs="+", default=["32768", "grid", "65536"])
+    p.add_argument("--dq-stages", type=int, default=3)
+    p.add_argument("--out", default=None)
+    args = p.parse_args(argv)
+    rows = []
+    for name in args.cases:
+        case, q, k, v, do, sizes, kidx, knum, meta, o, lse = backward_case(name)
+        b, h, s, d = q.shape
+        nb = sizes.numel()
+        qidx, qnum = map_to_index(case.block_map)
+        scale = d ** -0.5
+        lse_c = lse.contiguous()
+        cdq, cdk, cdv = (torch.empty_like(x) for x in (q, k, v))
+
+        def cudnn():
+            return C.cudnn_bwd_prebuilt(do, q, k, v, o, lse, meta, bshd=False, softmax_scale=None, dq=cdq, dk=cdk, dv=cdv)
+
+        def route():
+            return sm90_block_sparse_bwd64(q, k, v, o, do, lse_c, kidx, knum, sizes, main="ws", ws_config=dict(ROUTE))
+
+        def slots():
+            return pair_slots(qidx, qnum, kidx, nb)
+
+        pairs = int(qnum.sum())
+        prebuilt = slots()
+
+        def split_prebuilt():
+            return sm90_block_sparse_bwd64_split(q, k, v, o, do, lse_c, qidx, qnum, kidx, knum, sizes,
+                                                 dq_stages=args.dq_stages, slots=prebuilt)
+
+        def split():
+            return sm90_block_sparse_bwd64_split(q, k, v, o, do, lse_c, qidx, qnum, kidx, knum, sizes,
+                                                 dq_stages=args.dq_stages)
+
+        entries = {"cudnn": cudnn, "route": route, "split": split, "split_prebuilt": split_prebuilt, "slots": slots}
+        ref = [t.clone() for t in cudnn()]
+        err, finite = {}, {}
+        for key in ("route", "split", "split_prebuilt"):
+            got = entries[key]()
+            torch.cuda.synchronize()
+            err[key] = {n: ((g.float() - r.float()).abs().max() / r.float().abs().max()).item()
+                        for n, g, r in zip(("dq", "dk", "dv"), got, ref)}
+            finite[key] = all(bool(torch.isfinite(g).all()) for g in got)
+        rerun = split()[0]
+        again = split()[0]
+        bitwise_dq = bool(torch.equal(rerun, again))
+        times = {key: [] for key in entries}
+        keys = list(entries)
+        for r in range(args.rounds):
+            for key in keys[r % len(keys):] + keys[:r % len(keys)]:
+                times[key].append(float(do_bench(entries[key], warmup=10, rep=args.rep)))
+        med = {key: statistics.median(v) for key, v in times.items()}
+        ratio = {key: statistics.median(c / t for c, t in zip(times["cudnn"], v)) for key, v in times.items()}
+        row = {"case": name, "seqlen": s, "pairs": pairs, "workspace_gb": pairs * 8192 / 1e9, "ms_median": med,
+               "ms_rounds": times, "round_ratio_vs_cudnn": ratio, "max_rel_diff_vs_cudnn": err, "finite": finite,
+               "split_dq_bitwise_run_to_run": bitwise_dq}
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        del case
+        torch.cuda.empty_cache()
+    if args.out:
+        Path(args.out).write_text(json.dumps({"env": bench_vsa.environment(), "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

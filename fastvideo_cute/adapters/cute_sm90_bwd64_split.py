@@ -1,0 +1,88 @@
+"""The split 64-token backward on Hopper (experimental, not routed; 2026-12-06).
+
+The route's backward (``cute_sm90_bwd64_ws``) reduce-adds one 32 KB fp32 dQ tile per (q block, kv
+block) pair into ``dq_accum``; its Nsight Compute profile has the SM-to-L2 path 92.5 % busy with them
+(``docs/hopper-64-token.md``). Here the kv-owned main kernel, built with ``ds_out``, stores each pair's
+bf16 dS tile instead (8 KB, in q-owned order: slot ``qoff[q item] + rank of the kv block in the q
+block's ascending list``), and the q-owned ``BlockSparseDq64Sm90`` sums ``dq = scale * sum_j dS_ij K_j``
+in registers (one fixed order: dq is the same bits run to run) and writes bf16 rows; no dq_accum
+reduction, no postprocess. The cost is a workspace of 8 KB a pair (3.2 GB at 32,768 tokens, B = 1,
+H = 12, 87.5 % sparse), addressed by both kernels through its base pointer (the tensors passed are its
+first elements: its length can pass the int32 range of a tensor argument's shape). One q group (the ``ds_out`` build's limit); the slots come from torch ops here.
+Inputs as :func:`cute_sm90_bwd64.sm90_block_sparse_bwd64`'s, plus the q2k lists (ascending).
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+
+from fastvideo_cute.kernels.cute import block_sparse_bwd64 as _kernels  # names and limits only: no CuTe import
+from fastvideo_cute.kernels.cute.block_sparse_bwd64.limits import BLOCK, HEAD_DIM
+
+from .cute_sm100_bwd import sm100_bwd64_common_stages
+
+__all__ = ["SPLIT_MAIN_CONFIG", "pair_slots", "sm90_block_sparse_bwd64_split"]
+
+#: the main kernel's build: the route's (``backends/sm90_backend._BWD_WS_CONFIG``) with ``ds_out``
+SPLIT_MAIN_CONFIG = {"narrow_dq": True, "p_stages": 2, "flat_dq": True, "zero_pad_v": True, "ticket_dkv": True,
+                     "tma_dkv": True, "ds_out": True, "grouped": False}
+DS_TILE_ELEMS = BLOCK * BLOCK
+
+
+def pair_slots(q2k_idx: torch.Tensor, q2k_num: torch.Tensor, k2q_idx: torch.Tensor,
+               num_kv_blocks: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``(qoff, slots)``: int32 ``[B*H*nq]``, the exclusive prefix of the q2k counts, and int32
+    ``[B*H*nk, W]``, each k2q entry's slot in q-owned order (``qoff`` of its q block plus the rank of
+    the kv block in that q block's ascending list); slots past a k2q list's count hold in-range values
+    that are never read. Lists ``[B, H, n, W]``; entries past a count are ignored."""
+    b, h, nq, w = q2k_idx.shape
+    num = q2k_num.to(torch.int64).reshape(b, h, nq)
+    valid = torch.arange(w, device=q2k_idx.device) < num[..., None]
+    col = torch.where(valid, q2k_idx.to(torch.int64).clamp(0, num_kv_blocks - 1), num_kv_blocks)
+    sel = torch.zeros(b, h, nq, num_kv_blocks + 1, dtype=torch.int32, device=q2k_idx.device)
+    sel.scatter_(-1, col, 1)
+    rank = sel[..., :num_kv_blocks].cumsum(-1) - 1  # [B, H, nq, nk]
+    flat = num.reshape(-1)
+    qoff = torch.cumsum(flat, 0) - flat
+    i = k2q_idx.to(torch.int64).clamp(0, nq - 1)  # [B, H, nk, W']
+    r = rank.transpose(-1, -2).gather(-1, i).clamp(min=0)
+    base = qoff.view(b, h, 1, nq).expand(b, h, num_kv_blocks, nq).gather(-1, i)
+    return qoff.to(torch.int32), (base + r).to(torch.int32).reshape(b * h * num_kv_blocks, -1).contiguous()
+
+
+def sm90_block_sparse_bwd64_split(q, k, v, out, dout, lse, q2k_idx, q2k_num, k2q_idx, k2q_num, kv_block_sizes,
+                                  sm_scale: Optional[float] = None, dq_stages: int = 3, slots=None):
+    """``(dq, dk, dv)`` by the split chain (module docstring): preprocess, main (``ds_out``), dQ.
+    Self-attention layout (q and kv blocks alike, ``kv_block_sizes`` for both), BHSD, bf16, head_dim 128.
+    ``slots``: :func:`pair_slots`'s result for these lists, if the caller has it (else built here)."""
+    if sm_scale is None:
+        sm_scale = HEAD_DIM**-0.5
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    if q.numel() == 0:
+        return dq, dk, dv
+    b, h, _, d = q.shape
+    nb = kv_block_sizes.numel()
+    items = b * h * nb
+    qoff, slots = pair_slots(q2k_idx, q2k_num, k2q_idx, nb) if slots is None else slots
+    pairs = int(q2k_num.to(torch.int64).sum())
+    ws = torch.empty(max(pairs, 1) * DS_TILE_ELEMS, dtype=torch.bfloat16, device=q.device)
+    kidx = k2q_idx.to(torch.int32).reshape(items, -1).contiguous()
+    knum = k2q_num.to(torch.int32).reshape(items).contiguous()
+    qidx = q2k_idx.to(torch.int32).reshape(items, -1).contiguous()
+    qnum = q2k_num.to(torch.int32).reshape(items).contiguous()
+    vbs = kv_block_sizes.to(torch.int32).contiguous()
+    gb = torch.stack([torch.zeros_like(knum), knum], dim=1).contiguous()
+    common = sm100_bwd64_common_stages(out, dout, lse, k2q_num, kv_block_sizes, dk=dk, dv=dv, with_order=True)
+    order = common["order"]
+    if order is None:
+        order = torch.arange(items, dtype=torch.int32, device=q.device)
+    main = _kernels.sm90_ws_main_kernel(**SPLIT_MAIN_CONFIG).compile("sm_90a")
+    dq_kernel = _kernels.sm90_dq_from_ds_kernel(stages=dq_stages).compile("sm_90a")
+    with torch.cuda.device(q.device):
+        main(q.view(-1, d), k.view(-1, d), v.view(-1, d), dout.view(-1, d), dk.view(-1, d), dv.view(-1, d),
+             common["dq_accum"].view(-1, d), common["lse2"].view(-1), common["delta"].view(-1), kidx, knum, vbs,
+             order, gb, ws.view(torch.float32)[:4], slots.view(-1), float(sm_scale))
+        dq_kernel(k.view(-1, d), ws[:DS_TILE_ELEMS], dq.view(-1, d), lse.contiguous().view(-1), qidx, qnum, qoff, vbs, float(sm_scale))
+    return dq, dk, dv

@@ -1,0 +1,42 @@
+"""CPU checks of the experimental split backward's host side (``adapters/cute_sm90_bwd64_split``):
+the pair slots against a Python walk of the lists (q-owned order: q items in order, each q block's
+kv blocks ascending), with ragged counts, empty rows and columns, B and H > 1."""
+
+import pytest
+import torch
+
+from fastvideo_cute.adapters.cute_sm90_bwd64_split import pair_slots
+from fastvideo_cute.metadata import index_to_map, invert_indices, map_to_index
+
+
+@pytest.mark.parametrize("b, h, n, p, seed", [(1, 1, 5, 0.5, 0), (2, 3, 9, 0.4, 1), (1, 2, 16, 0.125, 2),
+                                                (2, 1, 7, 0.0, 3), (1, 1, 6, 1.0, 4)])
+def test_pair_slots_number_the_pairs_in_q_owned_order(b, h, n, p, seed):
+    gen = torch.Generator().manual_seed(seed)
+    block_map = torch.rand(b, h, n, n, generator=gen) < p
+    block_map[..., 0, :] = False  # an empty q row
+    qidx, qnum = map_to_index(block_map)
+    kidx, knum = invert_indices(qidx, qnum, n)
+    assert torch.equal(index_to_map(qidx, qnum, n), block_map)
+    qoff, slots = pair_slots(qidx, qnum, kidx, n)
+    walk, c = {}, 0
+    for bi in range(b):
+        for hi in range(h):
+            for i in range(n):
+                assert int(qoff.view(b, h, n)[bi, hi, i]) == c
+                for s in range(int(qnum[bi, hi, i])):
+                    walk[(bi, hi, i, int(qidx[bi, hi, i, s]))] = c
+                    c += 1
+    assert c == int(block_map.sum())
+    slots = slots.view(b, h, n, -1)
+    seen = []
+    for bi in range(b):
+        for hi in range(h):
+            for j in range(n):
+                for t in range(int(knum[bi, hi, j])):
+                    seen.append(int(slots[bi, hi, j, t]))
+                    assert seen[-1] == walk[(bi, hi, int(kidx[bi, hi, j, t]), j)]
+                for t in range(int(knum[bi, hi, j]), slots.shape[-1]):  # never read; in range
+                    assert 0 <= int(slots[bi, hi, j, t]) <= max(c - 1, 0) or c == 0
+    assert sorted(seen) == list(range(c))  # every pair exactly once
+    assert qoff.dtype == torch.int32 and slots.dtype == torch.int32

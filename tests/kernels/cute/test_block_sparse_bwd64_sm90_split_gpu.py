@@ -1,0 +1,51 @@
+"""GPU tests of the experimental split Hopper 64-token backward (``adapters/cute_sm90_bwd64_split``: the
+warp-specialized main kernel built with ``ds_out`` stores each pair's dS tile, ``BlockSparseDq64Sm90``
+sums dq from them), on a compute-capability 9.0 GPU.
+
+The cases and tolerances of the route's suite (``test_block_sparse_bwd64_sm90_gpu.py``, from the
+tcgen05 chain's: fp32 autograd reference, per tensor rel_max 1e-2 and mean |err| 1e-3): ragged sizes
+with NaN K / Inf V in the padding, B = 2, kv blocks nobody selects and q blocks that select nothing,
+full tiles; dq the same bits run to run (one fixed summation order), dk/dv the route's bits (the same
+kernel path)."""
+
+import pytest
+import torch
+
+from fastvideo_cute.metadata import invert_indices
+
+from test_block_sparse_bwd64_gpu import check_close, make_case, reference, _poison_allocator
+
+S = pytest.importorskip("fastvideo_cute.adapters.cute_sm90_bwd64_split")
+A = pytest.importorskip("fastvideo_cute.adapters.cute_sm90_bwd64")
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+                       reason="needs a compute capability 9.0 GPU"),
+]
+pytest.importorskip("cutlass")
+
+ROUTE = dict(narrow_dq=True, p_stages=2, flat_dq=True, zero_pad_v=True, ticket_dkv=True, tma_dkv=True)
+CASES = [dict(), dict(batch=2, heads=3, seed=1), dict(nb=12, topk=5, excluded=(3, 7), empty_q=(0, 5), seed=2),
+         dict(nb=16, topk=6, ragged=False, nan_padding=False, seed=3), dict(nb=10, topk=10, seed=4)]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[str(i) for i in range(len(CASES))])
+def test_split_matches_the_fp32_reference(case):
+    q, k, v, do, idx, num, vbs, pad = make_case(**case)
+    o, lse, rdq, rdk, rdv = reference(q, k, v, do, idx, num, vbs)
+    kidx, knum = invert_indices(idx, num, vbs.numel())
+    for t in (q, q, q):
+        _poison_allocator(t)
+    dq, dk, dv = S.sm90_block_sparse_bwd64_split(q, k, v, o, do, lse, idx, num, kidx, knum, vbs)
+    torch.cuda.synchronize()
+    for name, got, ref in (("dq", dq, rdq), ("dk", dk, rdk), ("dv", dv, rdv)):
+        err = (got.float() - ref).abs()
+        print(f"\n[{name}] rel_max {err.max().item() / ref.abs().max().item():.2e} mean {err.mean().item():.2e}")
+        check_close(name, got, ref)
+    assert (dk[..., pad, :] == 0).all() and (dv[..., pad, :] == 0).all(), "padded key rows"
+    dq2, dk2, dv2 = S.sm90_block_sparse_bwd64_split(q, k, v, o, do, lse, idx, num, kidx, knum, vbs)
+    assert torch.equal(dq, dq2), "dq run to run"
+    rq, rk, rv = A.sm90_block_sparse_bwd64(q, k, v, o, do, lse, kidx, knum, vbs, main="ws",
+                                           ws_config={**ROUTE, "group_blocks": 0})
+    assert torch.equal(dk, rk) and torch.equal(dv, rv), "dk/dv: the route's kernel path"
