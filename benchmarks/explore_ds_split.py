@@ -50,6 +50,7 @@ def main(argv=None) -> int:
         b, h, s, d = q.shape
         nb = sizes.numel()
         qidx, qnum = map_to_index(case.block_map)
+        qidx = qidx[..., :case.topk].contiguous()  # every row holds top-k entries: lists as wide as VSA's
         scale = d ** -0.5
         lse_c = lse.contiguous()
         cdq, cdk, cdv = (torch.empty_like(x) for x in (q, k, v))

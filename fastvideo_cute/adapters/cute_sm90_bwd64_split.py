@@ -6,8 +6,8 @@ block) pair into ``dq_accum``; its Nsight Compute profile has the SM-to-L2 path 
 bf16 dS tile instead (8 KB, in q-owned order: slot ``qoff[q item] + rank of the kv block in the q
 block's ascending list``), and the q-owned ``BlockSparseDq64Sm90`` sums ``dq = scale * sum_j dS_ij K_j``
 in registers (one fixed order: dq is the same bits run to run) and writes bf16 rows; no dq_accum
-reduction, no postprocess. The cost is a workspace of 8 KB a pair (3.2 GB at 32,768 tokens, B = 1,
-H = 12, 87.5 % sparse), addressed by both kernels through its base pointer (the tensors passed are its
+reduction, no postprocess. The cost is a workspace of 8 KB a pair, sized by the q2k lists' width
+without a device sync (3.2 GB at 32,768 tokens, B = 1, H = 12, 87.5 % sparse, lists as wide as top-k), addressed by both kernels through its base pointer (the tensors passed are its
 first elements: its length can pass the int32 range of a tensor argument's shape). One q group (the ``ds_out`` build's limit); the slots come from torch ops here.
 Inputs as :func:`cute_sm90_bwd64.sm90_block_sparse_bwd64`'s, plus the q2k lists (ascending).
 """
@@ -66,8 +66,8 @@ def sm90_block_sparse_bwd64_split(q, k, v, out, dout, lse, q2k_idx, q2k_num, k2q
     nb = kv_block_sizes.numel()
     items = b * h * nb
     qoff, slots = pair_slots(q2k_idx, q2k_num, k2q_idx, nb) if slots is None else slots
-    pairs = int(q2k_num.to(torch.int64).sum())
-    ws = torch.empty(max(pairs, 1) * DS_TILE_ELEMS, dtype=torch.bfloat16, device=q.device)
+    bound = items * q2k_idx.shape[-1]  # pairs, at most (no device sync: lists as wide as top-k are exact)
+    ws = torch.empty(max(bound, 1) * DS_TILE_ELEMS, dtype=torch.bfloat16, device=q.device)
     kidx = k2q_idx.to(torch.int32).reshape(items, -1).contiguous()
     knum = k2q_num.to(torch.int32).reshape(items).contiguous()
     qidx = q2k_idx.to(torch.int32).reshape(items, -1).contiguous()

@@ -16,7 +16,8 @@ producer; ``stages`` deep ring of (K tile 16 KB, dS tile 8 KB) slots on one TMA 
                swizzle is the slot's own)
     MMA WG     wait slot; a partial kv tile (vbs[j] < 64) zeroes K's padded rows in the slot (dS's
                columns there are exact 0s, K's rows may hold NaN/Inf: 0 * NaN); acc += dS K (SS
-               wgmma 64 x 128 x 64, dS K-major, K MN-major); release the slot
+               wgmma 64 x 128 x 64, dS K-major, K MN-major), one group in flight: the slot of step
+               s - 1 is released once step s's group is issued and s - 1's has retired
     epilogue   dq rows = bf16(acc * sm_scale), rows with lse == -inf exactly 0 (the postprocess's rule)
 
 Constraints: head_dim 128, bf16, 64-row tiles; ``K``, ``dq`` 2-D row views ``[R, 128]`` (``R`` =
@@ -143,6 +144,7 @@ class BlockSparseDq64Sm90(CuteKernel):
             acc = cute.make_rmem_tensor(thr.partition_shape_C((BLOCK, HEAD_DIM)), Float32)
             acc.fill(0.0)
             state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+            done = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)  # one step behind
             for s in cutlass.range(num, unroll=1):
                 st = state.index
                 size = cutlass.min(cutlass.max(mVbs[mIdx[item, s]], Int32(0)), Int32(BLOCK))
@@ -153,9 +155,14 @@ class BlockSparseDq64Sm90(CuteKernel):
                     cute.arch.fence_proxy("async.shared", space="cta")
                     cute.arch.barrier(barrier_id=ZERO_SYNC, number_of_threads=WG)
                 wgmma_gemm(mma, acc, tCrA[None, None, None, st], tCrB[None, None, None, st], False)
-                warpgroup.wait_group(0)
-                pipe.consumer_release(state)
+                warpgroup.wait_group(1)  # step s - 1's group retired: its slot goes back to the producer
+                if s > 0:
+                    pipe.consumer_release(done)
+                    done.advance()
                 state.advance()
+            warpgroup.wait_group(0)
+            if num > 0:
+                pipe.consumer_release(done)
             self.store_rows(acc, thr, mdQ, mLSE, item * BLOCK, sm_scale)
 
     @cute.jit
