@@ -5,7 +5,8 @@ Split: the kv-owned main kernel (``BlockSparseBwd64Sm90Ws(ds_out=True)``) stores
 tile (8 KB) in q-owned order instead of reduce-adding a 32 KB fp32 dQ tile; the q-owned
 ``BlockSparseDq64Sm90`` sums dQ = scale * sum_j dS_ij K_j from them in registers. The pair slots
 (``adapters/cute_sm90_bwd64_split.pair_slots``, torch ops) are part of the split's time and also
-timed alone (``slots``). One q group (the ``ds_out`` build's limit). Rows: per case the
+timed alone (``slots``); ``split`` runs the heads in chunks whose workspace fits the adapter's
+cap, ``split_prebuilt`` in one chunk with the slots prebuilt. One q group (the ``ds_out`` build's limit). Rows: per case the
 per-round ratio of cuDNN's time to each entry's, the max relative difference of dq/dk/dv from cuDNN's.
 
     python benchmarks/explore_ds_split.py --cases 32768 grid 65536 --rounds 3 --out results/x.json
@@ -69,7 +70,7 @@ def main(argv=None) -> int:
 
         def split_prebuilt():
             return sm90_block_sparse_bwd64_split(q, k, v, o, do, lse_c, qidx, qnum, kidx, knum, sizes,
-                                                 dq_stages=args.dq_stages, slots=prebuilt)
+                                                 dq_stages=args.dq_stages, slots=prebuilt, workspace_cap=1 << 40)
 
         def split():
             return sm90_block_sparse_bwd64_split(q, k, v, o, do, lse_c, qidx, qnum, kidx, knum, sizes,

@@ -21,14 +21,17 @@ import torch
 from fastvideo_cute.kernels.cute import block_sparse_bwd64 as _kernels  # names and limits only: no CuTe import
 from fastvideo_cute.kernels.cute.block_sparse_bwd64.limits import BLOCK, HEAD_DIM
 
-from .cute_sm100_bwd import sm100_bwd64_common_stages
+from .cute_sm100_bwd import sm100_bwd64_common_stages, work_order
 
-__all__ = ["SPLIT_MAIN_CONFIG", "pair_slots", "sm90_block_sparse_bwd64_split"]
+__all__ = ["SPLIT_MAIN_CONFIG", "WORKSPACE_CAP", "head_chunks", "pair_slots", "sm90_block_sparse_bwd64_split"]
 
 #: the main kernel's build: the route's (``backends/sm90_backend._BWD_WS_CONFIG``) with ``ds_out``
 SPLIT_MAIN_CONFIG = {"narrow_dq": True, "p_stages": 2, "flat_dq": True, "zero_pad_v": True, "ticket_dkv": True,
                      "tma_dkv": True, "ds_out": True, "grouped": False}
 DS_TILE_ELEMS = BLOCK * BLOCK
+#: the dS workspace's bytes at most (one (batch, head) sequence's, if that is more): the heads run in
+#: chunks that fit it
+WORKSPACE_CAP = 4 << 30
 
 
 def pair_slots(q2k_idx: torch.Tensor, q2k_num: torch.Tensor, k2q_idx: torch.Tensor,
@@ -52,37 +55,62 @@ def pair_slots(q2k_idx: torch.Tensor, q2k_num: torch.Tensor, k2q_idx: torch.Tens
     return qoff.to(torch.int32), (base + r).to(torch.int32).reshape(b * h * num_kv_blocks, -1).contiguous()
 
 
+def head_chunks(pairs_per_head: int, heads: int, cap_bytes: int):
+    """``[(h0, h1), ...]``: consecutive ranges of the ``heads`` flattened (batch, head) sequences whose
+    workspaces (``pairs_per_head`` 8 KB tiles each, at most) fit ``cap_bytes`` together; one sequence
+    a chunk at least."""
+    per = max(1, cap_bytes // max(1, pairs_per_head * DS_TILE_ELEMS * 2))
+    return [(h0, min(h0 + per, heads)) for h0 in range(0, heads, per)]
+
+
 def sm90_block_sparse_bwd64_split(q, k, v, out, dout, lse, q2k_idx, q2k_num, k2q_idx, k2q_num, kv_block_sizes,
-                                  sm_scale: Optional[float] = None, dq_stages: int = 3, slots=None):
-    """``(dq, dk, dv)`` by the split chain (module docstring): preprocess, main (``ds_out``), dQ.
-    Self-attention layout (q and kv blocks alike, ``kv_block_sizes`` for both), BHSD, bf16, head_dim 128.
-    ``slots``: :func:`pair_slots`'s result for these lists, if the caller has it (else built here)."""
+                                  sm_scale: Optional[float] = None, dq_stages: int = 3, slots=None,
+                                  workspace_cap: int = WORKSPACE_CAP):
+    """``(dq, dk, dv)`` by the split chain (module docstring): preprocess, then per chunk of (batch,
+    head) sequences whose dS workspace fits ``workspace_cap`` bytes (:func:`head_chunks`; the bound is the
+    lists' width, no device sync) the main kernel (``ds_out``) and the dQ kernel. Self-attention layout (q
+    and kv blocks alike, ``kv_block_sizes`` for both), BHSD, bf16, head_dim 128. ``slots``:
+    :func:`pair_slots`'s result for these lists, if the caller has it (one chunk only)."""
     if sm_scale is None:
         sm_scale = HEAD_DIM**-0.5
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     if q.numel() == 0:
         return dq, dk, dv
-    b, h, _, d = q.shape
+    b, h, s, d = q.shape
     nb = kv_block_sizes.numel()
-    items = b * h * nb
-    qoff, slots = pair_slots(q2k_idx, q2k_num, k2q_idx, nb) if slots is None else slots
-    bound = items * q2k_idx.shape[-1]  # pairs, at most (no device sync: lists as wide as top-k are exact)
-    ws = torch.empty(max(bound, 1) * DS_TILE_ELEMS, dtype=torch.bfloat16, device=q.device)
-    kidx = k2q_idx.to(torch.int32).reshape(items, -1).contiguous()
-    knum = k2q_num.to(torch.int32).reshape(items).contiguous()
-    qidx = q2k_idx.to(torch.int32).reshape(items, -1).contiguous()
-    qnum = q2k_num.to(torch.int32).reshape(items).contiguous()
-    vbs = kv_block_sizes.to(torch.int32).contiguous()
-    gb = torch.stack([torch.zeros_like(knum), knum], dim=1).contiguous()
-    common = sm100_bwd64_common_stages(out, dout, lse, k2q_num, kv_block_sizes, dk=dk, dv=dv, with_order=True)
-    order = common["order"]
-    if order is None:
-        order = torch.arange(items, dtype=torch.int32, device=q.device)
+    bh = b * h
+    chunks = head_chunks(nb * q2k_idx.shape[-1], bh, workspace_cap)
+    if slots is not None and len(chunks) > 1:
+        raise ValueError("sm90_block_sparse_bwd64_split: prebuilt slots need one chunk")
+    common = sm100_bwd64_common_stages(out, dout, lse, k2q_num, kv_block_sizes, dk=dk, dv=dv, with_order=False)
+    per_seq = max(q2k_idx.shape[-1], 1) * nb  # the widest chunk's workspace
+    ws = torch.empty(per_seq * (chunks[0][1] - chunks[0][0]) * DS_TILE_ELEMS, dtype=torch.bfloat16, device=q.device)
     main = _kernels.sm90_ws_main_kernel(**SPLIT_MAIN_CONFIG).compile("sm_90a")
     dq_kernel = _kernels.sm90_dq_from_ds_kernel(stages=dq_stages).compile("sm_90a")
-    with torch.cuda.device(q.device):
-        main(q.view(-1, d), k.view(-1, d), v.view(-1, d), dout.view(-1, d), dk.view(-1, d), dv.view(-1, d),
-             common["dq_accum"].view(-1, d), common["lse2"].view(-1), common["delta"].view(-1), kidx, knum, vbs,
-             order, gb, ws.view(torch.float32)[:4], slots.view(-1), float(sm_scale))
-        dq_kernel(k.view(-1, d), ws[:DS_TILE_ELEMS], dq.view(-1, d), lse.contiguous().view(-1), qidx, qnum, qoff, vbs, float(sm_scale))
+    vbs = kv_block_sizes.to(torch.int32).contiguous()
+
+    def rows(t, h0, h1):  # a chunk's 2-D row view
+        return t.reshape(bh, -1)[h0:h1].reshape(-1, d) if t.dim() == 4 else t.reshape(bh, -1)[h0:h1].reshape(-1)
+
+    def lists(t, h0, h1):
+        return t.to(torch.int32).reshape(bh, nb, -1)[h0:h1]
+
+    for h0, h1 in chunks:
+        items = (h1 - h0) * nb
+        qi, qn = lists(q2k_idx, h0, h1), lists(q2k_num, h0, h1).reshape(h1 - h0, nb)
+        ki, kn = lists(k2q_idx, h0, h1), lists(k2q_num, h0, h1).reshape(h1 - h0, nb)
+        qoff, slot = (pair_slots(qi.unsqueeze(0), qn.unsqueeze(0), ki.unsqueeze(0), nb) if slots is None else slots)
+        kidx, knum = ki.reshape(items, -1).contiguous(), kn.reshape(items).contiguous()
+        qidx, qnum = qi.reshape(items, -1).contiguous(), qn.reshape(items).contiguous()
+        gb = torch.stack([torch.zeros_like(knum), knum], dim=1).contiguous()
+        order = work_order(knum, nb)
+        if order is None:
+            order = torch.arange(items, dtype=torch.int32, device=q.device)
+        with torch.cuda.device(q.device):
+            main(rows(q, h0, h1), rows(k, h0, h1), rows(v, h0, h1), rows(dout, h0, h1), rows(dk, h0, h1),
+                 rows(dv, h0, h1), rows(common["dq_accum"], h0, h1), rows(common["lse2"], h0, h1),
+                 rows(common["delta"], h0, h1), kidx, knum, vbs, order, gb, ws.view(torch.float32)[:4],
+                 slot.view(-1), float(sm_scale))
+            dq_kernel(rows(k, h0, h1), ws[:DS_TILE_ELEMS], rows(dq, h0, h1), rows(lse.contiguous(), h0, h1), qidx, qnum,
+                      qoff, vbs, float(sm_scale))
     return dq, dk, dv

@@ -5,7 +5,7 @@ kv blocks ascending), with ragged counts, empty rows and columns, B and H > 1.""
 import pytest
 import torch
 
-from fastvideo_cute.adapters.cute_sm90_bwd64_split import pair_slots
+from fastvideo_cute.adapters.cute_sm90_bwd64_split import DS_TILE_ELEMS, head_chunks, pair_slots
 from fastvideo_cute.metadata import index_to_map, invert_indices, map_to_index
 
 
@@ -40,3 +40,14 @@ def test_pair_slots_number_the_pairs_in_q_owned_order(b, h, n, p, seed):
                     assert 0 <= int(slots[bi, hi, j, t]) <= max(c - 1, 0) or c == 0
     assert sorted(seen) == list(range(c))  # every pair exactly once
     assert qoff.dtype == torch.int32 and slots.dtype == torch.int32
+
+
+@pytest.mark.parametrize("pairs, heads, cap, want", [
+    (10, 5, 10 * 8192 * 2, [(0, 2), (2, 4), (4, 5)]),
+    (10, 3, 1, [(0, 1), (1, 2), (2, 3)]),  # one sequence a chunk at least
+    (10, 3, 1 << 40, [(0, 3)]),
+])
+def test_head_chunks_fit_the_cap(pairs, heads, cap, want):
+    got = head_chunks(pairs, heads, cap)
+    assert got == want
+    assert all(max(1, cap // (pairs * DS_TILE_ELEMS * 2)) >= h1 - h0 for h0, h1 in got)

@@ -5,7 +5,7 @@ sums dq from them), on a compute-capability 9.0 GPU.
 The cases and tolerances of the route's suite (``test_block_sparse_bwd64_sm90_gpu.py``, from the
 tcgen05 chain's: fp32 autograd reference, per tensor rel_max 1e-2 and mean |err| 1e-3): ragged sizes
 with NaN K / Inf V in the padding, B = 2, kv blocks nobody selects and q blocks that select nothing,
-full tiles; dq the same bits run to run (one fixed summation order), dk/dv the route's bits (the same
+full tiles, heads in chunks of one sequence; dq the same bits run to run (one fixed summation order), dk/dv the route's bits (the same
 kernel path)."""
 
 import pytest
@@ -30,21 +30,25 @@ CASES = [dict(), dict(batch=2, heads=3, seed=1), dict(nb=12, topk=5, excluded=(3
          dict(nb=16, topk=6, ragged=False, nan_padding=False, seed=3), dict(nb=10, topk=10, seed=4)]
 
 
-@pytest.mark.parametrize("case", CASES, ids=[str(i) for i in range(len(CASES))])
+@pytest.mark.parametrize("case", CASES + [dict(batch=2, heads=3, seed=5, cap=1)],
+                         ids=[str(i) for i in range(len(CASES))] + ["chunks"])
 def test_split_matches_the_fp32_reference(case):
+    case = dict(case)
+    cap = case.pop("cap", S.WORKSPACE_CAP)  # 1: one (batch, head) sequence a chunk
     q, k, v, do, idx, num, vbs, pad = make_case(**case)
     o, lse, rdq, rdk, rdv = reference(q, k, v, do, idx, num, vbs)
     kidx, knum = invert_indices(idx, num, vbs.numel())
     for t in (q, q, q):
         _poison_allocator(t)
-    dq, dk, dv = S.sm90_block_sparse_bwd64_split(q, k, v, o, do, lse, idx, num, kidx, knum, vbs)
+    dq, dk, dv = S.sm90_block_sparse_bwd64_split(q, k, v, o, do, lse, idx, num, kidx, knum, vbs, workspace_cap=cap)
     torch.cuda.synchronize()
     for name, got, ref in (("dq", dq, rdq), ("dk", dk, rdk), ("dv", dv, rdv)):
         err = (got.float() - ref).abs()
         print(f"\n[{name}] rel_max {err.max().item() / ref.abs().max().item():.2e} mean {err.mean().item():.2e}")
         check_close(name, got, ref)
     assert (dk[..., pad, :] == 0).all() and (dv[..., pad, :] == 0).all(), "padded key rows"
-    dq2, dk2, dv2 = S.sm90_block_sparse_bwd64_split(q, k, v, o, do, lse, idx, num, kidx, knum, vbs)
+    dq2, dk2, dv2 = S.sm90_block_sparse_bwd64_split(q, k, v, o, do, lse, idx, num, kidx, knum, vbs,
+                                                    workspace_cap=cap)
     assert torch.equal(dq, dq2), "dq run to run"
     rq, rk, rv = A.sm90_block_sparse_bwd64(q, k, v, o, do, lse, kidx, knum, vbs, main="ws",
                                            ws_config={**ROUTE, "group_blocks": 0})
