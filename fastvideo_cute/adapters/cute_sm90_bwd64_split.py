@@ -1,4 +1,4 @@
-"""The split 64-token backward on Hopper (experimental, not routed; 2026-12-06).
+"""The split 64-token backward on Hopper (experimental, not routed; 2026-12-07).
 
 The route's backward (``cute_sm90_bwd64_ws``) reduce-adds one 32 KB fp32 dQ tile per (q block, kv
 block) pair into ``dq_accum``; its Nsight Compute profile has the SM-to-L2 path 92.5 % busy with them
@@ -7,8 +7,11 @@ bf16 dS tile instead (8 KB, in q-owned order: slot ``qoff[q item] + rank of the 
 block's ascending list``), and the q-owned ``BlockSparseDq64Sm90`` sums ``dq = scale * sum_j dS_ij K_j``
 in registers (one fixed order: dq is the same bits run to run) and writes bf16 rows; no dq_accum
 reduction, no postprocess. The cost is a workspace of 8 KB a pair, sized by the q2k lists' width
-without a device sync (3.2 GB at 32,768 tokens, B = 1, H = 12, 87.5 % sparse, lists as wide as top-k), addressed by both kernels through its base pointer (the tensors passed are its
-first elements: its length can pass the int32 range of a tensor argument's shape). One q group (the ``ds_out`` build's limit); the slots come from torch ops here.
+without a device sync (3.2 GB at 32,768 tokens, B = 1, H = 12, 87.5 % sparse, lists as wide as top-k),
+the heads in chunks that fit ``WORKSPACE_CAP``; both kernels address it through its base pointer (the
+tensors passed are its first elements: its length can pass the int32 range of a tensor argument's
+shape). One q group (the ``ds_out`` build's limit); the slots by one Triton launch
+(``kernels/triton/pair_slots``) or torch ops.
 Inputs as :func:`cute_sm90_bwd64.sm90_block_sparse_bwd64`'s, plus the q2k lists (ascending).
 """
 
@@ -21,6 +24,8 @@ import torch
 from fastvideo_cute.kernels.cute import block_sparse_bwd64 as _kernels  # names and limits only: no CuTe import
 from fastvideo_cute.kernels.cute.block_sparse_bwd64.limits import BLOCK, HEAD_DIM
 
+from fastvideo_cute.kernels.triton.pair_slots import pair_slots_triton
+
 from .cute_sm100_bwd import sm100_bwd64_common_stages, work_order
 
 __all__ = ["SPLIT_MAIN_CONFIG", "WORKSPACE_CAP", "head_chunks", "pair_slots", "sm90_block_sparse_bwd64_split"]
@@ -32,6 +37,22 @@ DS_TILE_ELEMS = BLOCK * BLOCK
 #: the dS workspace's bytes at most (one (batch, head) sequence's, if that is more): the heads run in
 #: chunks that fit it
 WORKSPACE_CAP = 4 << 30
+#: the slots by one Triton launch on CUDA (``kernels/triton/pair_slots``), else by :func:`pair_slots`
+_TRITON_SLOTS = True
+
+
+def chunk_slots(qi, qn, ki, kn, nb: int):
+    """``(qoff, slots)`` of one chunk's lists (``[S, nb, W]`` / ``[S, nb]``, int32): one Triton launch
+    on CUDA with ``_TRITON_SLOTS``, else :func:`pair_slots`'s torch ops (the same values where read)."""
+    if not (_TRITON_SLOTS and qi.is_cuda):
+        return pair_slots(qi.unsqueeze(0), qn.unsqueeze(0), ki.unsqueeze(0), nb)
+    r = qn.numel()
+    qnum = qn.reshape(r).contiguous()
+    qoff = (torch.cumsum(qnum, 0, dtype=torch.int32) - qnum).contiguous()
+    kidx = ki.reshape(r, -1).contiguous()
+    slots = torch.empty_like(kidx)
+    pair_slots_triton(kidx, kn.reshape(r).contiguous(), qi.reshape(r, -1).contiguous(), qnum, qoff, slots, nb)
+    return qoff, slots
 
 
 def pair_slots(q2k_idx: torch.Tensor, q2k_num: torch.Tensor, k2q_idx: torch.Tensor,
@@ -99,7 +120,7 @@ def sm90_block_sparse_bwd64_split(q, k, v, out, dout, lse, q2k_idx, q2k_num, k2q
         items = (h1 - h0) * nb
         qi, qn = lists(q2k_idx, h0, h1), lists(q2k_num, h0, h1).reshape(h1 - h0, nb)
         ki, kn = lists(k2q_idx, h0, h1), lists(k2q_num, h0, h1).reshape(h1 - h0, nb)
-        qoff, slot = (pair_slots(qi.unsqueeze(0), qn.unsqueeze(0), ki.unsqueeze(0), nb) if slots is None else slots)
+        qoff, slot = chunk_slots(qi, qn, ki, kn, nb) if slots is None else slots
         kidx, knum = ki.reshape(items, -1).contiguous(), kn.reshape(items).contiguous()
         qidx, qnum = qi.reshape(items, -1).contiguous(), qn.reshape(items).contiguous()
         gb = torch.stack([torch.zeros_like(knum), knum], dim=1).contiguous()
