@@ -4,7 +4,7 @@
 Split: the kv-owned main kernel (``BlockSparseBwd64Sm90Ws(ds_out=True)``) stores each pair's bf16 dS
 tile (8 KB) in q-owned order instead of reduce-adding a 32 KB fp32 dQ tile; the q-owned
 ``BlockSparseDq64Sm90`` sums dQ = scale * sum_j dS_ij K_j from them in registers. The pair slots
-(``adapters/cute_sm90_bwd64_split.pair_slots``, torch ops) are part of the split's time and also
+(``adapters/cute_sm90_bwd64_split.chunk_slots``: one Triton launch) are part of the split's time and also
 timed alone (``slots``); ``split`` runs the heads in chunks whose workspace fits the adapter's
 cap, ``split_prebuilt`` in one chunk with the slots prebuilt. One q group (the ``ds_out`` build's limit). Rows: per case the
 per-round ratio of cuDNN's time to each entry's, the max relative difference of dq/dk/dv from cuDNN's.
@@ -35,7 +35,7 @@ def main(argv=None) -> int:
     from explore_bwd64_sm90 import backward_case
     from fastvideo_cute.adapters import cudnn_bsa as C
     from fastvideo_cute.adapters.cute_sm90_bwd64 import sm90_block_sparse_bwd64
-    from fastvideo_cute.adapters.cute_sm90_bwd64_split import pair_slots, sm90_block_sparse_bwd64_split
+    from fastvideo_cute.adapters.cute_sm90_bwd64_split import chunk_slots, sm90_block_sparse_bwd64_split
     from fastvideo_cute.metadata import map_to_index
 
     p = argparse.ArgumentParser()
@@ -62,8 +62,9 @@ def main(argv=None) -> int:
         def route():
             return sm90_block_sparse_bwd64(q, k, v, o, do, lse_c, kidx, knum, sizes, main="ws", ws_config=dict(ROUTE))
 
-        def slots():
-            return pair_slots(qidx, qnum, kidx, nb)
+        def slots():  # the adapter's (one Triton launch), all heads as one chunk
+            return chunk_slots(qidx.reshape(b * h, nb, -1), qnum.reshape(b * h, nb), kidx.reshape(b * h, nb, -1),
+                               knum.reshape(b * h, nb), nb)
 
         pairs = int(qnum.sum())
         prebuilt = slots()

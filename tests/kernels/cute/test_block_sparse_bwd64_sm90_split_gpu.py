@@ -53,3 +53,14 @@ def test_split_matches_the_fp32_reference(case):
     rq, rk, rv = A.sm90_block_sparse_bwd64(q, k, v, o, do, lse, kidx, knum, vbs, main="ws",
                                            ws_config={**ROUTE, "group_blocks": 0})
     assert torch.equal(dk, rk) and torch.equal(dv, rv), "dk/dv: the route's kernel path"
+
+
+def test_triton_slots_equal_the_torch_slots_on_the_gpu():
+    q, k, v, do, idx, num, vbs, pad = make_case(nb=24, topk=5, batch=2, heads=3, empty_q=(4,), excluded=(7,), seed=9)
+    kidx, knum = invert_indices(idx, num, vbs.numel())
+    nb, s = vbs.numel(), 6
+    qoff, got = S.chunk_slots(idx.reshape(s, nb, -1).to(torch.int32), num.reshape(s, nb).to(torch.int32),
+                              kidx.reshape(s, nb, -1).to(torch.int32), knum.reshape(s, nb).to(torch.int32), nb)
+    qoff_t, want = S.pair_slots(idx, num, kidx, nb)
+    valid = torch.arange(got.shape[1], device=got.device)[None, :] < knum.reshape(-1, 1)
+    assert torch.equal(qoff, qoff_t) and torch.equal(got[valid], want[valid])
