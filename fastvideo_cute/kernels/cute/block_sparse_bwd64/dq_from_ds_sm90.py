@@ -178,7 +178,7 @@ class BlockSparseDq64Sm90(CuteKernel):
 
     def fake_args(self) -> tuple:
         rows, items, width, tiles, blocks = (cute.sym_int32() for _ in range(5))
-        return (fake_matrix(self.dtype, rows, HEAD_DIM, align=128), fake_vector(self.dtype, tiles, align=1024),
+        return (fake_matrix(self.dtype, rows, HEAD_DIM, align=128), fake_vector(self.dtype, tiles, align=16),
                 fake_matrix(self.dtype, rows, HEAD_DIM, align=16), fake_vector(Float32, rows, align=4),
                 fake_matrix(Int32, items, width, align=4), fake_vector(Int32, items, align=4),
                 fake_vector(Int32, items, align=4), fake_vector(Int32, blocks, align=4), Float32(1.0), fake_stream())
