@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from pathlib import Path
 
@@ -24,23 +23,22 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-ROUTE = dict(narrow_dq=True, p_stages=2, flat_dq=True, zero_pad_v=True, ticket_dkv=True, tma_dkv=True)
-
-
 def main(argv=None) -> int:
     import torch
-    from triton.testing import do_bench
 
     import bench_vsa
     from explore_bwd64_sm90 import backward_case
+    from explore_fwd64_sm90 import bench_rounds, round_ratios
     from fastvideo_cute.adapters import cudnn_bsa as C
     from fastvideo_cute.adapters.cute_sm90_bwd64 import sm90_block_sparse_bwd64
+    from fastvideo_cute.backends.sm90_backend import _BWD_WS_CONFIG as ROUTE
     from fastvideo_cute.adapters.cute_sm90_bwd64_split import chunk_slots, sm90_block_sparse_bwd64_split
     from fastvideo_cute.metadata import map_to_index
 
     p = argparse.ArgumentParser()
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--rep", type=int, default=50)
+    p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--cases", nargs="+", default=["32768", "grid", "65536"])
     p.add_argument("--dq-stages", type=int, default=3)
     p.add_argument("--out", default=None)
@@ -89,13 +87,8 @@ def main(argv=None) -> int:
         rerun = split()[0]
         again = split()[0]
         bitwise_dq = bool(torch.equal(rerun, again))
-        times = {key: [] for key in entries}
-        keys = list(entries)
-        for r in range(args.rounds):
-            for key in keys[r % len(keys):] + keys[:r % len(keys)]:
-                times[key].append(float(do_bench(entries[key], warmup=10, rep=args.rep)))
-        med = {key: statistics.median(v) for key, v in times.items()}
-        ratio = {key: statistics.median(c / t for c, t in zip(times["cudnn"], v)) for key, v in times.items()}
+        med, times = bench_rounds(entries, args)
+        ratio = round_ratios(times, "cudnn")
         row = {"case": name, "seqlen": s, "pairs": pairs, "workspace_gb": pairs * 8192 / 1e9, "ms_median": med,
                "ms_rounds": times, "round_ratio_vs_cudnn": ratio, "max_rel_diff_vs_cudnn": err, "finite": finite,
                "split_dq_bitwise_run_to_run": bitwise_dq}

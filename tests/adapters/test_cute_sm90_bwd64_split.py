@@ -51,3 +51,10 @@ def test_head_chunks_fit_the_cap(pairs, heads, cap, want):
     got = head_chunks(pairs, heads, cap)
     assert got == want
     assert all(max(1, cap // (pairs * DS_TILE_ELEMS * 2)) >= h1 - h0 for h0, h1 in got)
+
+
+def test_the_split_main_kernel_is_the_routes_build_with_ds_out():
+    from fastvideo_cute.adapters.cute_sm90_bwd64_split import SPLIT_MAIN_CONFIG
+    from fastvideo_cute.backends.sm90_backend import _BWD_WS_CONFIG
+
+    assert SPLIT_MAIN_CONFIG == {**_BWD_WS_CONFIG, "ds_out": True, "grouped": False}

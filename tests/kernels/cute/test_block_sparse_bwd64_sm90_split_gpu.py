@@ -25,7 +25,7 @@ pytestmark = [
 ]
 pytest.importorskip("cutlass")
 
-ROUTE = dict(narrow_dq=True, p_stages=2, flat_dq=True, zero_pad_v=True, ticket_dkv=True, tma_dkv=True)
+from fastvideo_cute.backends.sm90_backend import _BWD_WS_CONFIG as ROUTE  # noqa: E402
 CASES = [dict(), dict(batch=2, heads=3, seed=1), dict(nb=12, topk=5, excluded=(3, 7), empty_q=(0, 5), seed=2),
          dict(nb=16, topk=6, ragged=False, nan_padding=False, seed=3), dict(nb=10, topk=10, seed=4)]
 
