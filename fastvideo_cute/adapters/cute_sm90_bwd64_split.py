@@ -26,9 +26,12 @@ from fastvideo_cute.kernels.cute.block_sparse_bwd64.limits import BLOCK, HEAD_DI
 
 from fastvideo_cute.kernels.triton.pair_slots import pair_slots_triton
 
+from ._checks import check_block_lists
 from .cute_sm100_bwd import sm100_bwd64_common_stages, work_order
+from .cute_sm90_bwd64 import sm90_bwd64_support
 
-__all__ = ["SPLIT_MAIN_CONFIG", "WORKSPACE_CAP", "head_chunks", "pair_slots", "sm90_block_sparse_bwd64_split"]
+__all__ = ["SPLIT_MAIN_CONFIG", "WORKSPACE_CAP", "head_chunks", "pair_slots", "sm90_block_sparse_bwd64_split",
+           "sm90_bwd64_split_support"]
 
 #: the main kernel's build: the route's (``backends/sm90_backend._BWD_WS_CONFIG``) with ``ds_out``
 SPLIT_MAIN_CONFIG = {"narrow_dq": True, "p_stages": 2, "flat_dq": True, "zero_pad_v": True, "ticket_dkv": True,
@@ -84,6 +87,17 @@ def head_chunks(pairs_per_head: int, heads: int, cap_bytes: int):
     return [(h0, min(h0 + per, heads)) for h0 in range(0, heads, per)]
 
 
+def sm90_bwd64_split_support(q, k, v, out, dout, lse, q2k_idx, q2k_num, k2q_idx, k2q_num, kv_block_sizes):
+    """``(True, "")`` iff :func:`sm90_block_sparse_bwd64_split` can run these tensors here, else ``(False,
+    reason)``: the q2k lists (``[B, H, nb, W >= 1]``, ``[B, H, nb]``), then the route's checks
+    (:func:`cute_sm90_bwd64.sm90_bwd64_support`: BHSD bf16 CUDA tensors of one shape, so q_len == kv_len,
+    an sm_90 GPU, the k2q lists, the sizes); static facts only."""
+    ok, reason = check_block_lists(q, "q2k_idx", q2k_idx, "q2k_num", q2k_num, kv_block_sizes, BLOCK, min_width=1)
+    if not ok:
+        return ok, reason
+    return sm90_bwd64_support(q, k, v, out, dout, lse, k2q_idx, k2q_num, kv_block_sizes)
+
+
 def sm90_block_sparse_bwd64_split(q, k, v, out, dout, lse, q2k_idx, q2k_num, k2q_idx, k2q_num, kv_block_sizes,
                                   sm_scale: Optional[float] = None, dq_stages: int = 3, slots=None,
                                   workspace_cap: int = WORKSPACE_CAP):
@@ -91,7 +105,11 @@ def sm90_block_sparse_bwd64_split(q, k, v, out, dout, lse, q2k_idx, q2k_num, k2q
     head) sequences whose dS workspace fits ``workspace_cap`` bytes (:func:`head_chunks`; the bound is the
     lists' width, no device sync) the main kernel (``ds_out``) and the dQ kernel. Self-attention layout (q
     and kv blocks alike, ``kv_block_sizes`` for both), BHSD, bf16, head_dim 128. ``slots``:
-    :func:`pair_slots`'s result for these lists, if the caller has it (one chunk only)."""
+    :func:`pair_slots`'s result for these lists, if the caller has it (one chunk only). Raises
+    ``ValueError`` naming the reason, before any launch, when :func:`sm90_bwd64_split_support` refuses."""
+    ok, reason = sm90_bwd64_split_support(q, k, v, out, dout, lse, q2k_idx, q2k_num, k2q_idx, k2q_num, kv_block_sizes)
+    if not ok:
+        raise ValueError(f"sm90_block_sparse_bwd64_split: {reason}")
     if sm_scale is None:
         sm_scale = HEAD_DIM**-0.5
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)

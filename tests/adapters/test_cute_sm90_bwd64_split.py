@@ -58,3 +58,31 @@ def test_the_split_main_kernel_is_the_routes_build_with_ds_out():
     from fastvideo_cute.backends.sm90_backend import _BWD_WS_CONFIG
 
     assert SPLIT_MAIN_CONFIG == {**_BWD_WS_CONFIG, "ds_out": True, "grouped": False}
+
+
+def _cpu_call(**bad):
+    """The split's arguments on CPU (nb = 4, W = 2), with ``bad`` replacing some."""
+    b, h, nb = 1, 2, 4
+    x = torch.zeros(b, h, nb * 64, 128, dtype=torch.bfloat16)
+    args = dict(q=x, k=x, v=x, out=x, dout=x, lse=torch.zeros(b, h, nb * 64),
+                q2k_idx=torch.zeros(b, h, nb, 2, dtype=torch.int32), q2k_num=torch.zeros(b, h, nb, dtype=torch.int32),
+                k2q_idx=torch.zeros(b, h, nb, 2, dtype=torch.int32), k2q_num=torch.zeros(b, h, nb, dtype=torch.int32),
+                kv_block_sizes=torch.full((nb,), 64, dtype=torch.int32))
+    args.update(bad)
+    return args
+
+
+@pytest.mark.parametrize("bad, match", [
+    (dict(q2k_idx=torch.zeros(1, 2, 4, 2)), "q2k_idx must be an integer tensor"),
+    (dict(q2k_num=torch.zeros(1, 2, 3, dtype=torch.int32)), "q2k_num"),
+    (dict(q2k_idx=torch.zeros(1, 2, 4, 0, dtype=torch.int32)), "q2k_idx"),
+    ({}, "CUDA"),  # the route's checks follow: CPU tensors are refused by name
+])
+def test_bad_input_is_refused_before_any_launch(bad, match):
+    from fastvideo_cute.adapters.cute_sm90_bwd64_split import sm90_block_sparse_bwd64_split, sm90_bwd64_split_support
+
+    args = _cpu_call(**bad)
+    ok, reason = sm90_bwd64_split_support(**args)
+    assert not ok and match in reason, reason
+    with pytest.raises(ValueError, match=f"sm90_block_sparse_bwd64_split: .*{match}"):
+        sm90_block_sparse_bwd64_split(**args)

@@ -64,3 +64,20 @@ def test_triton_slots_equal_the_torch_slots_on_the_gpu():
     qoff_t, want = S.pair_slots(idx, num, kidx, nb)
     valid = torch.arange(got.shape[1], device=got.device)[None, :] < knum.reshape(-1, 1)
     assert torch.equal(qoff, qoff_t) and torch.equal(got[valid], want[valid])
+
+
+@pytest.mark.parametrize("what", ["kv_len", "bshd"])
+def test_calls_it_cannot_serve_raise_before_any_launch(what):
+    """q_len != kv_len (the split, like the route, is self-attention only) and a BSHD tensor (the adapter
+    takes BHSD; the backend transposes): a ValueError naming the tensor, nothing launched."""
+    q, k, v, do, idx, num, vbs, pad = make_case(nb=8, topk=3, seed=6)
+    kidx, knum = invert_indices(idx, num, vbs.numel())
+    lse = torch.zeros(q.shape[:3], device=q.device)
+    if what == "kv_len":
+        k = torch.cat([k, k[:, :, :64]], dim=2)
+        match = "k has shape"
+    else:
+        q = q.transpose(1, 2).contiguous().transpose(1, 2)  # BSHD memory seen as BHSD
+        match = "q must be contiguous"
+    with pytest.raises(ValueError, match=match):
+        S.sm90_block_sparse_bwd64_split(q, k, v, q, do, lse, idx, num, kidx, knum, vbs)
