@@ -29,6 +29,7 @@ from fastvideo_cute.kernels.triton.pair_slots import pair_slots_triton
 from ._checks import check_block_lists
 from .cute_sm100_bwd import sm100_bwd64_common_stages, work_order
 from .cute_sm90_bwd64 import sm90_bwd64_support
+from .cute_sm90_bwd64_ws import group_bounds
 
 __all__ = ["SPLIT_MAIN_CONFIG", "WORKSPACE_CAP", "head_chunks", "pair_slots", "sm90_block_sparse_bwd64_split",
            "sm90_bwd64_split_support"]
@@ -118,11 +119,11 @@ def sm90_block_sparse_bwd64_split(q, k, v, out, dout, lse, q2k_idx, q2k_num, k2q
     b, h, s, d = q.shape
     nb = kv_block_sizes.numel()
     bh = b * h
-    chunks = head_chunks(nb * q2k_idx.shape[-1], bh, workspace_cap)
+    per_seq = q2k_idx.shape[-1] * nb  # pairs of one (batch, head) sequence, at most
+    chunks = head_chunks(per_seq, bh, workspace_cap)
     if slots is not None and len(chunks) > 1:
         raise ValueError("sm90_block_sparse_bwd64_split: prebuilt slots need one chunk")
     common = sm100_bwd64_common_stages(out, dout, lse, k2q_num, kv_block_sizes, dk=dk, dv=dv, with_order=False)
-    per_seq = max(q2k_idx.shape[-1], 1) * nb  # the widest chunk's workspace
     ws = torch.empty(per_seq * (chunks[0][1] - chunks[0][0]) * DS_TILE_ELEMS, dtype=torch.bfloat16, device=q.device)
     main = _kernels.sm90_ws_main_kernel(**SPLIT_MAIN_CONFIG).compile("sm_90a")
     dq_kernel = _kernels.sm90_dq_from_ds_kernel(stages=dq_stages).compile("sm_90a")
@@ -131,17 +132,15 @@ def sm90_block_sparse_bwd64_split(q, k, v, out, dout, lse, q2k_idx, q2k_num, k2q
     def rows(t, h0, h1):  # a chunk's 2-D row view
         return t.reshape(bh, -1)[h0:h1].reshape(-1, d) if t.dim() == 4 else t.reshape(bh, -1)[h0:h1].reshape(-1)
 
-    def lists(t, h0, h1):
-        return t.to(torch.int32).reshape(bh, nb, -1)[h0:h1]
-
+    q2k_i, k2q_i = (t.to(torch.int32).reshape(bh, nb, -1) for t in (q2k_idx, k2q_idx))
+    q2k_n, k2q_n = (t.to(torch.int32).reshape(bh, nb) for t in (q2k_num, k2q_num))
     for h0, h1 in chunks:
         items = (h1 - h0) * nb
-        qi, qn = lists(q2k_idx, h0, h1), lists(q2k_num, h0, h1).reshape(h1 - h0, nb)
-        ki, kn = lists(k2q_idx, h0, h1), lists(k2q_num, h0, h1).reshape(h1 - h0, nb)
+        qi, qn, ki, kn = q2k_i[h0:h1], q2k_n[h0:h1], k2q_i[h0:h1], k2q_n[h0:h1]
         qoff, slot = chunk_slots(qi, qn, ki, kn, nb) if slots is None else slots
-        kidx, knum = ki.reshape(items, -1).contiguous(), kn.reshape(items).contiguous()
+        kidx, gb = group_bounds(ki, kn, nb, None)  # one q group: the lists as given, gb = [0, num]
+        knum = kn.reshape(items).contiguous()
         qidx, qnum = qi.reshape(items, -1).contiguous(), qn.reshape(items).contiguous()
-        gb = torch.stack([torch.zeros_like(knum), knum], dim=1).contiguous()
         order = work_order(knum, nb)
         if order is None:
             order = torch.arange(items, dtype=torch.int32, device=q.device)
@@ -150,6 +149,6 @@ def sm90_block_sparse_bwd64_split(q, k, v, out, dout, lse, q2k_idx, q2k_num, k2q
                  rows(dv, h0, h1), rows(common["dq_accum"], h0, h1), rows(common["lse2"], h0, h1),
                  rows(common["delta"], h0, h1), kidx, knum, vbs, order, gb, ws.view(torch.float32)[:4],
                  slot.view(-1), float(sm_scale))
-            dq_kernel(rows(k, h0, h1), ws[:DS_TILE_ELEMS], rows(dq, h0, h1), rows(lse.contiguous(), h0, h1), qidx, qnum,
+            dq_kernel(rows(k, h0, h1), ws[:DS_TILE_ELEMS], rows(dq, h0, h1), rows(lse, h0, h1), qidx, qnum,
                       qoff, vbs, float(sm_scale))
     return dq, dk, dv
