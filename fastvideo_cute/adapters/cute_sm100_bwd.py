@@ -161,12 +161,13 @@ def sm100_bwd64_common_stages(
     dk: Optional[torch.Tensor] = None,
     dv: Optional[torch.Tensor] = None,
     with_order: bool = True,
+    zero_dq: bool = True,
 ) -> Dict[str, torch.Tensor]:
     """Stage 1 (preprocess) and stage 2 (work order; skipped, ``order`` None, without ``with_order``)
     of the chain.
 
     Returns ``delta`` and ``lse2`` (fp32 ``[B, H, S]``), ``dq_accum`` (fp32 ``[B, H, S, 128]``, all
-    zero), ``dk`` and ``dv`` (bf16, ``empty_like(out)`` unless given: the rows of kv blocks with
+    zero; unwritten without ``zero_dq``, for a chain that never reads it), ``dk`` and ``dv`` (bf16, ``empty_like(out)`` unless given: the rows of kv blocks with
     ``k2q_num == 0`` are exactly 0, the others untouched, the main kernel's to write) and ``order``
     (int32 ``[B*H*nb]`` or None for the identity order)."""
     ok, reason = sm100_bwd64_common_support(out, dout, lse, k2q_num, kv_block_sizes)
@@ -182,7 +183,7 @@ def sm100_bwd64_common_stages(
     dq_accum = torch.empty(out.shape, dtype=torch.float32, device=out.device)
     num = k2q_num.to(torch.int32).reshape(-1).contiguous()
     if out.numel():
-        fn = compiled_stage("preprocess", _common_arch(out))
+        fn = compiled_stage("preprocess" if zero_dq else "preprocess_nodq", _common_arch(out))
         with torch.cuda.device(out.device):
             fn(out.view(-1, HEAD_DIM), dout.view(-1, HEAD_DIM), lse.view(-1), delta.view(-1), lse2.view(-1),
                dq_accum.view(-1, HEAD_DIM), dk.view(-1, HEAD_DIM), dv.view(-1, HEAD_DIM), num)

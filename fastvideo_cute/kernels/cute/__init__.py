@@ -84,6 +84,8 @@ _FWD64_SM90 = CuteKernelSpec(
 # kernel for sm_100a/sm_103a.
 _BWD64_STAGE_NOTES = {
     "preprocess": "VSA backward, 64-token blocks: delta, lse2, dq_accum = 0, dk/dv = 0 on unselected kv blocks",
+    "preprocess_nodq": "VSA backward, 64-token blocks: the preprocess without dq_accum = 0 (the Hopper split "
+                       "backward's, which sums dQ from dS tiles)",
     "postprocess": "VSA backward, 64-token blocks: dq = bf16(dq_accum * sm_scale), no-key rows 0",
     "postprocess_frag": "VSA backward, 64-token blocks: the postprocess of register-ordered dq_accum tiles "
                         "(the sm_90a warp-specialized main kernel's flat_dq)",
@@ -139,6 +141,24 @@ _BWD64 = (
         notes="the warp-specialized backward main with a kv block's list split by q group over CTAs: "
               "dK/dV added into fp32 accumulators by one bulk reduce-add per warpgroup (the chain's "
               "choice from 768 q blocks on; verified on the H200)",
+    ),
+    CuteKernelSpec(
+        name=_bwd64.SM90_WS_REGISTRY_NAME + "_ds_out",
+        archs=("sm_90a",),
+        make=partial(_bwd64.sm90_ws_main_kernel, flat_dq=True, ds_out=True),
+        expect=("HGMMA", "UTMALDG", "UBLKCP", "USETMAXREG", "STSM"),
+        forbid=("HMMA.16816", "UTCHMMA", "REDG", "UTMAREDG", "UBLKRED"),
+        notes="the warp-specialized backward main of the split chain: each pair's bf16 dS tile bulk-stored "
+              "to a workspace slot in q-owned order instead of dQ = dS K and its fp32 reduce-add",
+    ),
+    CuteKernelSpec(
+        name=_bwd64.SM90_DQ_REGISTRY_NAME,
+        archs=("sm_90a",),
+        make=_bwd64.sm90_dq_from_ds_kernel,
+        expect=("HGMMA", "UTMALDG", "UBLKCP"),
+        forbid=("HMMA.16816", "UTCHMMA", "REDG", "UTMAREDG", "UBLKRED"),
+        notes="the split chain's q-owned dQ kernel: dq = scale * sum_j dS_ij K_j in registers from the dS "
+              "tiles (bulk copy) and K (TMA), one fixed order, bf16 rows written once",
     ),
 )
 

@@ -23,7 +23,8 @@ from fastvideo_cute.kernels.cute import find  # noqa: E402
 from fastvideo_cute.metadata import index_to_map, invert_indices  # noqa: E402
 from fastvideo_cute.reference import block_sparse_attn_reference  # noqa: E402
 
-COMMON = ("block_sparse_bwd64_preprocess", "block_sparse_bwd64_postprocess", "block_sparse_bwd64_postprocess_frag")
+COMMON = ("block_sparse_bwd64_preprocess", "block_sparse_bwd64_preprocess_nodq", "block_sparse_bwd64_postprocess",
+          "block_sparse_bwd64_postprocess_frag")
 MAIN = "block_sparse_bwd64_sm100"
 COMMON_ARCHS = ("sm_90a", "sm_100a", "sm_103a")
 MAIN_ARCHS = ("sm_100a", "sm_103a")
@@ -52,10 +53,19 @@ def test_common_stages_sass(kernel_report, name, arch):
     assert "LDG.E.128" in sass  # vectorized fp32 / bf16 loads
     for op in ("HMMA", "HGMMA", "UTCHMMA"):
         assert op not in sass
-    if name.endswith("preprocess"):
+    if "preprocess" in name:
         assert "SHFL.BFLY" in sass and "STG.E.128" in sass
     if name.endswith("postprocess_frag"):  # a thread's 16 float4 of its tile, then 2 rows x 16 bf16 pairs
         assert sass.count("LDG.E.128 ") == 16 and sass.count("STG.E desc") == 32
+
+
+@pytest.mark.parametrize("arch", COMMON_ARCHS)
+def test_preprocess_nodq_leaves_dq_accum_alone(kernel_report, arch):
+    """The split backward's preprocess drops exactly the dq_accum zeroing: a thread's 8 fp32 float4
+    stores (64 rows x 128 / 256 threads / 4); the dk/dv zero rows (4 bf16 x 8 stores each) stay."""
+    full = kernel_report("block_sparse_bwd64_preprocess", arch).sass.count("STG.E.128")
+    nodq = kernel_report("block_sparse_bwd64_preprocess_nodq", arch).sass.count("STG.E.128")
+    assert (full, nodq) == (16, 8)
 
 
 @pytest.mark.parametrize("arch", MAIN_ARCHS)

@@ -25,30 +25,36 @@ from .limits import COMMON_CAPABILITIES, MAIN_CAPABILITIES, MAIN_COMPILE_ARCHS  
 
 __all__ = ["COMMON_ARCHS", "MAIN_COMPILE_ARCHS", "STAGES", "stage_class", "stage_kernel", "main_kernel_class",
            "main_kernel", "SM90_REGISTRY_NAME", "sm90_main_kernel", "SM90_WS_REGISTRY_NAME", "sm90_ws_main_kernel",
-           "sm90_dq_from_ds_kernel"]
+           "SM90_DQ_REGISTRY_NAME", "sm90_dq_from_ds_kernel"]
 
 #: the Hopper main kernel's registry name (targets sm_90a only)
 SM90_REGISTRY_NAME = "block_sparse_bwd64_sm90"
 #: the warp-specialized Hopper main kernel's registry name (sm_90a only)
 SM90_WS_REGISTRY_NAME = "block_sparse_bwd64_sm90_ws"
+#: the split backward's q-owned dQ kernel (sm_90a only)
+SM90_DQ_REGISTRY_NAME = "block_sparse_dq64_sm90"
 
 # Archs the arch-independent stages (preprocess, postprocess) are compiled for.
 COMMON_ARCHS = tuple(COMMON_CAPABILITIES.values())
 
-STAGES = ("preprocess", "postprocess", "postprocess_frag")
+STAGES = ("preprocess", "preprocess_nodq", "postprocess", "postprocess_frag")
 
 
 def stage_class(stage: str):
-    """The kernel class of a stage ("preprocess", "postprocess", "postprocess_frag": the postprocess of
-    the Hopper warp-specialized kernel's ``flat_dq`` dq_accum order)."""
+    """The kernel class of a stage ("preprocess", "preprocess_nodq", "postprocess", "postprocess_frag": the
+    postprocess of the Hopper warp-specialized kernel's ``flat_dq`` dq_accum order)."""
     from . import block_sparse_bwd64_common as mod
 
-    return {"preprocess": mod.BlockSparseBwd64Preprocess, "postprocess": mod.BlockSparseBwd64Postprocess,
+    return {"preprocess": mod.BlockSparseBwd64Preprocess, "preprocess_nodq": mod.BlockSparseBwd64Preprocess,
+            "postprocess": mod.BlockSparseBwd64Postprocess,
             "postprocess_frag": mod.BlockSparseBwd64PostprocessFrag}[stage]
 
 
 def stage_kernel(stage: str):
-    """The kernel object of a stage (a :class:`fastvideo_cute.jit.CuteKernel`)."""
+    """The kernel object of a stage (a :class:`fastvideo_cute.jit.CuteKernel`); ``preprocess_nodq`` is the
+    preprocess that leaves dq_accum alone (the split backward's)."""
+    if stage == "preprocess_nodq":
+        return stage_class(stage)(zero_dq=False)
     return stage_class(stage)()
 
 
@@ -82,7 +88,7 @@ def sm90_ws_main_kernel(**config):
 
 
 def sm90_dq_from_ds_kernel(**config):
-    """The q-owned dQ kernel of the experimental split backward (sm_90a; imports the CuTe DSL):
+    """The q-owned dQ kernel of the split backward (sm_90a; imports the CuTe DSL):
     ``dq_from_ds_sm90.BlockSparseDq64Sm90(**config)``."""
     from .dq_from_ds_sm90 import BlockSparseDq64Sm90
 

@@ -59,11 +59,14 @@ def _tiled_copy_2d(dtype, threads_per_row: int, num_threads: int, elems: int) ->
 
 class BlockSparseBwd64Preprocess(CuteKernel):
     """delta, lse2, dq_accum zeroing, dk/dv zero rows of unselected kv blocks (see the module).
-    Called (compiled) as ``fn(o2d, do2d, lse1d, delta1d, lse2_1d, dqacc2d, dk2d, dv2d, k2q_num1d)``."""
+    Called (compiled) as ``fn(o2d, do2d, lse1d, delta1d, lse2_1d, dqacc2d, dk2d, dv2d, k2q_num1d)``.
+    ``zero_dq=False``: dq_accum is left untouched (a chain that sums dQ elsewhere: the Hopper split
+    backward)."""
 
     name = "block_sparse_bwd64_preprocess"
 
-    def __init__(self):
+    def __init__(self, zero_dq: bool = True):
+        self.zero_dq = bool(zero_dq)
         self.dtype = cutlass.BFloat16
         self.num_threads = NUM_THREADS
         # bf16 tiles: 16 threads x 8 elements (128-bit) per row, 16 rows a pass, 4 passes.
@@ -72,7 +75,7 @@ class BlockSparseBwd64Preprocess(CuteKernel):
         self.f32_threads_per_row = HEAD_DIM // 4
 
     def config(self):
-        return {}
+        return {} if self.zero_dq else {"zero_dq": False}
 
     @cute.jit
     def __call__(
@@ -146,11 +149,12 @@ class BlockSparseBwd64Preprocess(CuteKernel):
             mLSE2[row0 + tidx] = lse2
 
         # ---- dq_accum = 0
-        thr_f32 = copy_f32.get_slice(tidx)
-        tQgQ = thr_f32.partition_D(cute.local_tile(mdQaccum, tile, (blk, 0)))
-        zero_f32 = cute.make_rmem_tensor_like(tQgQ)
-        zero_f32.fill(0.0)
-        cute.copy(copy_f32, zero_f32, tQgQ)
+        if cutlass.const_expr(self.zero_dq):
+            thr_f32 = copy_f32.get_slice(tidx)
+            tQgQ = thr_f32.partition_D(cute.local_tile(mdQaccum, tile, (blk, 0)))
+            zero_f32 = cute.make_rmem_tensor_like(tQgQ)
+            zero_f32.fill(0.0)
+            cute.copy(copy_f32, zero_f32, tQgQ)
 
         # ---- dk = dv = 0 on kv blocks no q block selected
         if mK2QNum[blk] == 0:
