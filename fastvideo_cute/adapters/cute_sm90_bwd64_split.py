@@ -31,8 +31,8 @@ from .cute_sm100_bwd import sm100_bwd64_common_stages, work_order
 from .cute_sm90_bwd64 import sm90_bwd64_support
 from .cute_sm90_bwd64_ws import group_bounds
 
-__all__ = ["SPLIT_MAIN_CONFIG", "WORKSPACE_CAP", "head_chunks", "pair_slots", "sm90_block_sparse_bwd64_split",
-           "sm90_bwd64_split_support"]
+__all__ = ["SPLIT_MAIN_CONFIG", "WORKSPACE_CAP", "head_chunks", "pair_chunks", "pair_slots",
+           "sm90_block_sparse_bwd64_split", "sm90_bwd64_split_support"]
 
 #: the main kernel's build: the route's (``backends/sm90_backend._BWD_WS_CONFIG``) with ``ds_out``
 SPLIT_MAIN_CONFIG = {"narrow_dq": True, "p_stages": 2, "flat_dq": True, "zero_pad_v": True, "ticket_dkv": True,
@@ -88,6 +88,21 @@ def head_chunks(pairs_per_head: int, heads: int, cap_bytes: int):
     return [(h0, min(h0 + per, heads)) for h0 in range(0, heads, per)]
 
 
+def pair_chunks(seq_pairs, cap_bytes: int):
+    """``[(h0, h1), ...]``: consecutive ranges of the (batch, head) sequences, whose dS tiles number
+    ``seq_pairs[i]`` (host ints, exact), that fit ``cap_bytes`` together; one sequence a chunk at
+    least."""
+    tile = DS_TILE_ELEMS * 2
+    chunks, h0, acc = [], 0, 0
+    for i, p in enumerate(seq_pairs):
+        if i > h0 and (acc + p) * tile > cap_bytes:
+            chunks.append((h0, i))
+            h0, acc = i, 0
+        acc += p
+    chunks.append((h0, len(seq_pairs)))
+    return chunks
+
+
 def sm90_bwd64_split_support(q, k, v, out, dout, lse, q2k_idx, q2k_num, k2q_idx, k2q_num, kv_block_sizes):
     """``(True, "")`` iff :func:`sm90_block_sparse_bwd64_split` can run these tensors here, else ``(False,
     reason)``: the q2k lists (``[B, H, nb, W >= 1]``, ``[B, H, nb]``), then the route's checks
@@ -101,12 +116,14 @@ def sm90_bwd64_split_support(q, k, v, out, dout, lse, q2k_idx, q2k_num, k2q_idx,
 
 def sm90_block_sparse_bwd64_split(q, k, v, out, dout, lse, q2k_idx, q2k_num, k2q_idx, k2q_num, kv_block_sizes,
                                   sm_scale: Optional[float] = None, dq_stages: int = 3, slots=None,
-                                  workspace_cap: int = WORKSPACE_CAP):
+                                  workspace_cap: int = WORKSPACE_CAP, seq_pairs=None):
     """``(dq, dk, dv)`` by the split chain (module docstring): preprocess, then per chunk of (batch,
     head) sequences whose dS workspace fits ``workspace_cap`` bytes (:func:`head_chunks`; the bound is the
     lists' width, no device sync) the main kernel (``ds_out``) and the dQ kernel. Self-attention layout (q
     and kv blocks alike, ``kv_block_sizes`` for both), BHSD, bf16, head_dim 128. ``slots``:
-    :func:`pair_slots`'s result for these lists, if the caller has it (one chunk only). Raises
+    :func:`pair_slots`'s result for these lists, if the caller has it (one chunk only). ``seq_pairs``:
+    each (batch, head) sequence's pair count (``q2k_num`` summed; host ints, exact), if the caller has
+    it: the workspace and the chunks are sized by it (:func:`pair_chunks`) instead of the width. Raises
     ``ValueError`` naming the reason, before any launch, when :func:`sm90_bwd64_split_support` refuses."""
     ok, reason = sm90_bwd64_split_support(q, k, v, out, dout, lse, q2k_idx, q2k_num, k2q_idx, k2q_num, kv_block_sizes)
     if not ok:
@@ -119,12 +136,20 @@ def sm90_block_sparse_bwd64_split(q, k, v, out, dout, lse, q2k_idx, q2k_num, k2q
     b, h, s, d = q.shape
     nb = kv_block_sizes.numel()
     bh = b * h
-    per_seq = q2k_idx.shape[-1] * nb  # pairs of one (batch, head) sequence, at most
-    chunks = head_chunks(per_seq, bh, workspace_cap)
+    if seq_pairs is None:
+        per_seq = q2k_idx.shape[-1] * nb  # pairs of one (batch, head) sequence, at most
+        chunks = head_chunks(per_seq, bh, workspace_cap)
+        ws_pairs = per_seq * (chunks[0][1] - chunks[0][0])
+    else:
+        if len(seq_pairs) != bh:
+            raise ValueError(f"sm90_block_sparse_bwd64_split: seq_pairs needs {bh} counts (B*H), got {len(seq_pairs)}")
+        chunks = pair_chunks(seq_pairs, workspace_cap)
+        ws_pairs = max(1, max(sum(seq_pairs[h0:h1]) for h0, h1 in chunks))
     if slots is not None and len(chunks) > 1:
         raise ValueError("sm90_block_sparse_bwd64_split: prebuilt slots need one chunk")
-    common = sm100_bwd64_common_stages(out, dout, lse, k2q_num, kv_block_sizes, dk=dk, dv=dv, with_order=False)
-    ws = torch.empty(per_seq * (chunks[0][1] - chunks[0][0]) * DS_TILE_ELEMS, dtype=torch.bfloat16, device=q.device)
+    common = sm100_bwd64_common_stages(out, dout, lse, k2q_num, kv_block_sizes, dk=dk, dv=dv, with_order=False,
+                                       zero_dq=False)  # the ds_out build never touches dq_accum
+    ws = torch.empty(ws_pairs * DS_TILE_ELEMS, dtype=torch.bfloat16, device=q.device)
     main = _kernels.sm90_ws_main_kernel(**SPLIT_MAIN_CONFIG).compile("sm_90a")
     dq_kernel = _kernels.sm90_dq_from_ds_kernel(stages=dq_stages).compile("sm_90a")
     vbs = kv_block_sizes.to(torch.int32).contiguous()

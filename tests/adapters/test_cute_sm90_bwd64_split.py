@@ -5,7 +5,7 @@ kv blocks ascending), with ragged counts, empty rows and columns, B and H > 1.""
 import pytest
 import torch
 
-from fastvideo_cute.adapters.cute_sm90_bwd64_split import DS_TILE_ELEMS, head_chunks, pair_slots
+from fastvideo_cute.adapters.cute_sm90_bwd64_split import DS_TILE_ELEMS, head_chunks, pair_chunks, pair_slots
 from fastvideo_cute.metadata import index_to_map, invert_indices, map_to_index
 
 
@@ -51,6 +51,21 @@ def test_head_chunks_fit_the_cap(pairs, heads, cap, want):
     got = head_chunks(pairs, heads, cap)
     assert got == want
     assert all(max(1, cap // (pairs * DS_TILE_ELEMS * 2)) >= h1 - h0 for h0, h1 in got)
+
+
+@pytest.mark.parametrize("pairs, cap, want", [
+    ([3, 3, 3, 3], 6, [(0, 2), (2, 4)]),
+    ([3, 3, 3, 3], 5, [(0, 1), (1, 2), (2, 3), (3, 4)]),
+    ([1, 4, 1, 1, 9, 0], 6, [(0, 3), (3, 4), (4, 5), (5, 6)]),  # 9 alone over the cap: its own chunk
+    ([0, 0, 0], 1, [(0, 3)]),
+    ([5], 100, [(0, 1)]),
+])
+def test_pair_chunks_fit_exact_counts_in_the_cap(pairs, cap, want):
+    """Consecutive ranges whose summed tiles fit the cap, greedily, one sequence at least."""
+    tile = DS_TILE_ELEMS * 2
+    got = pair_chunks(pairs, cap * tile)
+    assert got == want
+    assert [h for c in got for h in range(*c)] == list(range(len(pairs)))
 
 
 def test_the_split_main_kernel_is_the_routes_build_with_ds_out():
