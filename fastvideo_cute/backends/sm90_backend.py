@@ -92,6 +92,37 @@ _BWD_WS_CONFIG = {"narrow_dq": True, "p_stages": 2, "flat_dq": True, "zero_pad_v
                   "tma_dkv": True}
 
 
+# The split backward (``adapters/cute_sm90_bwd64_split``: the main kernel stores bf16 dS tiles, a
+# q-owned kernel sums dQ from them; no fp32 dQ reduce-add) where its dS workspace stays at most
+# _SPLIT_MAX_DENSITY of the dense one (``_split_plan``). Off until its routed path has passed its GPU
+# tests (``tests/backends/test_sm90_backward_chains_gpu.py``, written 2026-12-07, not yet run: no device
+# started that session); the split adapter itself is exact and 1.08-1.16x cuDNN's blk64 backward on an
+# H100 (``benchmarks/results/bwd64_split_h100_s25b.json``).
+_SPLIT_BWD = False
+_SPLIT_MAX_DENSITY = 0.5
+
+
+def _split_plan(sparsity: BlockSparsity):
+    """``(runs_split, seq_pairs)``: whether the backward runs the split chain, and the pair count of
+    each (batch, head) sequence when it was read on the host (else None). Lists that arrived as
+    lists (VSA's top-k, ``[B, H, Qb, k]``) size its workspace by their width, no sync: the split runs
+    when that width is at most ``_SPLIT_MAX_DENSITY`` of the kv blocks. Lists built from a map are as
+    wide as the kv blocks, so a map's pair counts are read instead (one device sync) and the split
+    runs when no sequence has more than ``_SPLIT_MAX_DENSITY`` of the dense pairs; while a CUDA graph
+    is captured (no sync allowed) a map keeps the reduce-add chain."""
+    if not _SPLIT_BWD:
+        return False, None
+    q2k_idx, q2k_num = sparsity.q2k()
+    nb = sparsity.num_kv_blocks
+    if sparsity.has_lists:
+        return q2k_idx.shape[-1] <= _SPLIT_MAX_DENSITY * nb, None
+    if q2k_num.is_cuda and torch.cuda.is_current_stream_capturing():
+        return False, None
+    seq_pairs = q2k_num.reshape(-1, q2k_num.shape[-1]).sum(-1, dtype=torch.int64).tolist()
+    dense = q2k_num.shape[-1] * nb
+    return max(seq_pairs, default=0) <= _SPLIT_MAX_DENSITY * dense, seq_pairs
+
+
 def _backward_problem(call: CallInfo) -> Optional[str]:
     """Why the warp-specialized backward cannot serve this call (None: it can); static facts only."""
     # the kernel's own limit, imported here: `import fastvideo_cute` loads no kernel module
@@ -163,7 +194,7 @@ class Sm90Backend:
     def compile_keys(self, call: CallInfo, gated=False) -> Dict[str, CompileKey]:
         """``gated``: True, the fused-gate epilogue variant (``forward_gated``); ``"train"``, the one
         that also stores out_s (``forward_gated(out_s=)``): other compiled kernels."""
-        from ..kernels.cute.block_sparse_bwd64 import SM90_WS_REGISTRY_NAME
+        from ..kernels.cute.block_sparse_bwd64 import SM90_DQ_REGISTRY_NAME, SM90_WS_REGISTRY_NAME
         from ..kernels.cute.block_sparse_fwd64 import SM90_REGISTRY_NAME
 
         gate = "fused+out_s" if gated == "train" else ("fused" if gated else "none")
@@ -175,7 +206,10 @@ class Sm90Backend:
         if call.need_grad:
             config = ",".join(f"{k}={v}" for k, v in sorted(_BWD_WS_CONFIG.items()))
             keys["bwd"] = basic_key(self.name, call, "bwd", _BLOCK, (
-                ("kernel", SM90_WS_REGISTRY_NAME), ("tile", "64x64"), ("target", "sm_90a"), ("config", config)))
+                ("kernel", SM90_WS_REGISTRY_NAME), ("tile", "64x64"), ("target", "sm_90a"), ("config", config),
+                # the split chain (``_split_plan``: per call, from the sparsity): the main kernel with
+                # ds_out and the dQ kernel
+                ("split", f"ds_out+{SM90_DQ_REGISTRY_NAME}" if _SPLIT_BWD else "off")))
         return keys
 
     def _run(self, q, k, v, sparsity, kv_block_sizes, block_size: int, bshd: bool, sm_scale: float,
@@ -240,11 +274,20 @@ class Sm90Backend:
 
         if block_size != _BLOCK:
             raise RuntimeError(f"sm90 backend: the backward serves 64-token blocks only, got {block_size}")
-        k2q_idx, k2q_num = BlockSparsity.of(sparsity).k2q()
+        sp = BlockSparsity.of(sparsity)
+        k2q_idx, k2q_num = sp.k2q()
         bhsd = (lambda x: x.transpose(1, 2).contiguous()) if bshd else (lambda x: x.contiguous())
-        grads = sm90_block_sparse_bwd64(bhsd(q), bhsd(k), bhsd(v), bhsd(out), bhsd(dout), lse.contiguous(), k2q_idx,
-                                        k2q_num, kv_block_sizes, sm_scale=sm_scale, main="ws",
-                                        ws_config=dict(_BWD_WS_CONFIG))
+        args = (bhsd(q), bhsd(k), bhsd(v), bhsd(out), bhsd(dout), lse.contiguous())
+        split, seq_pairs = _split_plan(sp)
+        if split:
+            from ..adapters.cute_sm90_bwd64_split import sm90_block_sparse_bwd64_split
+
+            q2k_idx, q2k_num = sp.q2k()
+            grads = sm90_block_sparse_bwd64_split(*args, q2k_idx, q2k_num, k2q_idx, k2q_num, kv_block_sizes,
+                                                  sm_scale=sm_scale, seq_pairs=seq_pairs)
+        else:
+            grads = sm90_block_sparse_bwd64(*args, k2q_idx, k2q_num, kv_block_sizes, sm_scale=sm_scale, main="ws",
+                                            ws_config=dict(_BWD_WS_CONFIG))
         if bshd:
             grads = tuple(g.transpose(1, 2).contiguous() for g in grads)
         return tuple(grads)

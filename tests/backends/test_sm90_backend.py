@@ -91,6 +91,7 @@ def test_backward_passes_the_call_to_the_ws_chain_in_bhsd(monkeypatch):
     """BSHD tensors reach the chain as BHSD copies and the gradients come back in the call layout;
     the k2q lists are the map's columns; the route's kernel configuration is passed."""
     from fastvideo_cute.adapters import cute_sm90_bwd64
+    from fastvideo_cute.backends import sm90_backend
     from fastvideo_cute.backends.sm90_backend import _BWD_WS_CONFIG, Sm90Backend
 
     seen = {}
@@ -101,6 +102,7 @@ def test_backward_passes_the_call_to_the_ws_chain_in_bhsd(monkeypatch):
         return q * 2, k * 3, v * 4
 
     monkeypatch.setattr(cute_sm90_bwd64, "sm90_block_sparse_bwd64", fake)
+    monkeypatch.setattr(sm90_backend, "_SPLIT_BWD", False)
     b, s, h, d = 1, 256, 2, 128
     q, k, v, out, dout = (torch.randn(b, s, h, d) for _ in range(5))
     lse = torch.randn(b, h, s).transpose(1, 2).contiguous().transpose(1, 2)  # not contiguous
@@ -117,6 +119,68 @@ def test_backward_passes_the_call_to_the_ws_chain_in_bhsd(monkeypatch):
         assert g.shape == x.shape and g.is_contiguous() and torch.equal(g, x * f)
     with pytest.raises(RuntimeError, match="64-token blocks only"):
         Sm90Backend().backward(q, k, v, out, dout, lse, block_map, sizes, block_size=128, bshd=True, sm_scale=0.1)
+
+
+def _lists(b, h, nb, width, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    idx = torch.stack([torch.randperm(nb, generator=g)[:width].sort().values for _ in range(b * h * nb)])
+    return idx.reshape(b, h, nb, width).to(torch.int32), torch.full((b, h, nb), width, dtype=torch.int32)
+
+
+def test_split_plan_sizes_lists_by_width_and_maps_by_their_counts(monkeypatch):
+    """Lists that arrived (VSA's top-k) choose by width, no host read; a map's counts are read on
+    the host (exact per-sequence pairs) and choose by the densest sequence; the switch turns it off."""
+    from fastvideo_cute.backends import sm90_backend
+    from fastvideo_cute.metadata import BlockSparsity
+
+    monkeypatch.setattr(sm90_backend, "_SPLIT_BWD", True)
+    nb = 8
+    for width, split in ((4, True), (5, False)):
+        idx, num = _lists(1, 2, nb, width)
+        assert sm90_backend._split_plan(BlockSparsity(q2k_idx=idx, q2k_num=num, num_kv_blocks=nb)) == (split, None)
+    block_map = torch.zeros(2, 3, nb, nb, dtype=torch.bool)
+    block_map[..., :2] = True  # 2 of 8 per row
+    block_map[1, 2, 0, :] = True  # one sequence with 8 + 7 * 2 = 22 pairs
+    runs, pairs = sm90_backend._split_plan(BlockSparsity.of(block_map))
+    assert runs and pairs == [16] * 5 + [22]
+    block_map[1, 2] = True  # 64 of 64 pairs: over half the dense count
+    runs, pairs = sm90_backend._split_plan(BlockSparsity.of(block_map))
+    assert not runs and pairs[-1] == 64
+    monkeypatch.setattr(sm90_backend, "_SPLIT_BWD", False)
+    assert sm90_backend._split_plan(BlockSparsity(q2k_idx=idx, q2k_num=num, num_kv_blocks=nb)) == (False, None)
+
+
+def test_backward_runs_the_split_chain_for_narrow_lists(monkeypatch):
+    """Narrow q2k lists reach the split chain (BHSD copies, both list directions, the call's scale, no
+    host pair counts); the gradients come back in the call layout."""
+    from fastvideo_cute.adapters import cute_sm90_bwd64, cute_sm90_bwd64_split
+    from fastvideo_cute.backends import sm90_backend
+    from fastvideo_cute.backends.sm90_backend import Sm90Backend
+    from fastvideo_cute.metadata import BlockSparsity
+
+    seen = {}
+
+    def fake(q, k, v, out, dout, lse, q2k_idx, q2k_num, k2q_idx, k2q_num, sizes, **kw):
+        seen.update(shape=q.shape, q2k=(q2k_idx, q2k_num), k2q=(k2q_idx, k2q_num), kw=kw)
+        return q * 2, k * 3, v * 4
+
+    def never(*a, **kw):
+        raise AssertionError("the reduce-add chain ran")
+
+    monkeypatch.setattr(cute_sm90_bwd64_split, "sm90_block_sparse_bwd64_split", fake)
+    monkeypatch.setattr(cute_sm90_bwd64, "sm90_block_sparse_bwd64", never)
+    monkeypatch.setattr(sm90_backend, "_SPLIT_BWD", True)
+    b, s, h, d, nb = 1, 512, 2, 128, 8
+    idx, num = _lists(b, h, nb, 3)
+    sp = BlockSparsity(q2k_idx=idx, q2k_num=num, num_kv_blocks=nb)
+    q, k, v, out, dout = (torch.randn(b, s, h, d) for _ in range(5))
+    lse = torch.randn(b, h, s)
+    sizes = torch.full((nb,), 64, dtype=torch.int32)
+    dq, dk, dv = Sm90Backend().backward(q, k, v, out, dout, lse, sp, sizes, block_size=64, bshd=True, sm_scale=0.5)
+    assert seen["shape"] == torch.Size([b, h, s, d]) and seen["kw"] == dict(sm_scale=0.5, seq_pairs=None)
+    assert torch.equal(seen["q2k"][0], idx) and torch.equal(seen["k2q"][0], sp.k2q()[0])
+    for g, x, f in ((dq, q, 2), (dk, k, 3), (dv, v, 4)):
+        assert g.shape == x.shape and torch.equal(g, x * f)
 
 
 def test_support_says_when_the_cute_dsl_is_missing(monkeypatch):

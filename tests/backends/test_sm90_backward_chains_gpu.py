@@ -1,0 +1,129 @@
+"""On an H200 (sm_90): the sm90 backend's 64-token backward through the public API
+(``FASTVIDEO_VSA_BACKEND=sm90``), on both chains its plan chooses between (``_split_plan``): the split
+chain (bf16 dS tiles, then a q-owned dQ kernel) for a sparse map, whose pair counts are read on the
+host, and for ``video_sparse_attn``'s top-k lists, sized by their width; the reduce-add chain for a
+map denser than half. Which chain ran is observed (the plan's answers, recorded), not assumed.
+
+Checked against the fp32 reference: ragged kv blocks (sizes 0, 17, 33 and full) with NaN/Inf in K's and
+V's padding rows, B = 2, a q block with no kv block, BHSD and BSHD; the split's gradients beside the
+reduce-add chain's on the same call.
+
+Tolerance: max |g - ref| / max |ref| < 2e-2, the bf16-vs-fp32-reference gradient bound of
+tests/test_gpu_cute_route.py and tests/test_gpu_vsa_e2e.py (the same as the split kernel's own GPU
+tests); the two chains agree within 1e-2 of max |ref| (both round to bf16 from fp32 sums in different
+orders: a few bf16 ulps).
+"""
+
+import pytest
+import torch
+
+import fastvideo_cute as fvc
+from fastvideo_cute import ops
+from fastvideo_cute.backends import sm90_backend
+from fastvideo_cute.reference import block_sparse_attn_reference, video_sparse_attn_reference
+
+pytestmark = pytest.mark.gpu
+if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):  # collected on CPU boxes too
+    pytest.skip("needs an sm_90 GPU", allow_module_level=True)
+pytest.importorskip("cutlass")
+
+GRAD_TOL, CHAIN_TOL = 2e-2, 1e-2
+
+
+@pytest.fixture(autouse=True)
+def _sm90(monkeypatch):
+    for name in ("FASTVIDEO_VSA_TRITON", "FASTVIDEO_VSA_CUTEDSL", "FASTVIDEO_VSA_ROUTE_TABLE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("FASTVIDEO_VSA_BACKEND", "sm90")
+
+
+@pytest.fixture
+def plans(monkeypatch):
+    """The split plans the backend chose, in call order (the split chain switched on, whatever the
+    shipped default)."""
+    monkeypatch.setattr(sm90_backend, "_SPLIT_BWD", True)
+    seen, real = [], sm90_backend._split_plan
+
+    def spy(sparsity):
+        plan = real(sparsity)
+        seen.append(plan)
+        return plan
+
+    monkeypatch.setattr(sm90_backend, "_split_plan", spy)
+    return seen
+
+
+def _nerr(a, b):
+    return ((a.float() - b.float()).abs().max() / b.float().abs().max().clamp(min=1e-6)).item()
+
+
+def _map_case(density, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    b, h, nb, d = 2, 2, 8, 128
+    sizes = torch.tensor([64, 64, 33, 64, 0, 64, 64, 17], dtype=torch.int32, device="cuda")
+    q, k, v = (torch.randn(b, h, nb * 64, d, device="cuda", generator=g).bfloat16() for _ in range(3))
+    pad = (torch.arange(nb * 64, device="cuda") % 64) >= sizes.repeat_interleave(64)
+    k[:, :, pad] = float("nan")
+    v[:, :, pad] = float("inf")
+    m = torch.rand(b, h, nb, nb, device="cuda", generator=g) < density
+    m[..., 0] = True
+    m[1, 0, 3] = False  # a q block with no kv block
+    return q, k, v, m, sizes
+
+
+def _grads(bshd, q, k, v, m, sizes, dout):
+    tb = (lambda x: x.transpose(1, 2).contiguous()) if bshd else (lambda x: x.clone())
+    leaves = [tb(x).requires_grad_(True) for x in (q, k, v)]
+    fn = fvc.block_sparse_attn_bshd if bshd else fvc.block_sparse_attn
+    before = ops.dispatch_counts.copy()
+    out, _ = fn(*leaves, m, sizes)
+    grads = torch.autograd.grad(out, leaves, tb(dout))
+    ran = {key: n - before[key] for key, n in ops.dispatch_counts.items() if n != before[key]}
+    assert ran == {("sm90", "fwd"): 1, ("sm90", "bwd"): 1}, ran
+    back = (lambda x: x.transpose(1, 2)) if bshd else (lambda x: x)
+    return [back(g) for g in grads]
+
+
+@pytest.mark.parametrize("bshd", [False, True], ids=["bhsd", "bshd"])
+@pytest.mark.parametrize("density, split", [(0.2, True), (1.0, False)], ids=["sparse-split", "dense-reduce"])
+def test_block_sparse_attn_backward_on_the_chain_its_plan_names(plans, monkeypatch, bshd, density, split):
+    q, k, v, m, sizes = _map_case(density)
+    dout = torch.randn_like(q)
+    grads = _grads(bshd, q, k, v, m, sizes, dout)
+    assert len(plans) == 1 and plans[0][0] is split, plans
+    if split:  # the map's per-sequence pair counts, read on the host
+        assert plans[0][1] == m.reshape(4, -1).sum(-1).tolist()
+    ref_leaves = [x.detach().float().nan_to_num(0.0, 0.0, 0.0).requires_grad_(True) for x in (q, k, v)]
+    ref, _ = block_sparse_attn_reference(*ref_leaves, m, sizes, 64)
+    refg = torch.autograd.grad(ref, ref_leaves, dout.float())
+    errs = [_nerr(g, r) for g, r in zip(grads, refg)]
+    print(f"\n[sm90 bwd map density={density} bshd={bshd} split={split}] " + " ".join(f"{e:.2e}" for e in errs))
+    assert all(torch.isfinite(g).all() for g in grads)
+    assert max(errs) < GRAD_TOL, errs
+    if split:  # the same call on the reduce-add chain
+        monkeypatch.setattr(sm90_backend, "_SPLIT_BWD", False)
+        other = _grads(bshd, q, k, v, m, sizes, dout)
+        assert plans[-1] == (False, None)
+        diffs = [_nerr(a, b) for a, b in zip(grads, other)]
+        print(f"  split vs reduce-add: {diffs}, dk/dv bitwise: {[torch.equal(a, b) for a, b in zip(grads[1:], other[1:])]}")
+        assert max(diffs) < CHAIN_TOL, diffs
+
+
+def test_video_sparse_attn_training_runs_the_split_on_its_top_k_lists(plans):
+    grid, tile, topk = (8, 8, 16), (4, 4, 4), 2  # 2 x 2 x 4 = 16 tiles, lists 2 wide
+    g = torch.Generator(device="cuda").manual_seed(5)
+    n = grid[0] * grid[1] * grid[2]
+    raw = [torch.randn(1, 2, n, 128, device="cuda", generator=g).bfloat16() for _ in range(4)]
+    q, k, v, w = (fvc.to_tiles(x, grid, tile, dim=2) for x in raw)
+    sizes = fvc.variable_block_sizes(grid, tile, device="cuda")
+    leaves = [x.detach().requires_grad_(True) for x in (q, k, v, w)]
+    out = fvc.video_sparse_attn(*leaves[:3], sizes, sizes, topk, tile, compress_attn_weight=leaves[3])
+    dout = torch.randn_like(out)
+    grads = torch.autograd.grad(out, leaves, dout)
+    assert plans == [(True, None)], plans
+    ref_leaves = [x.detach().float().requires_grad_(True) for x in leaves]
+    ref = video_sparse_attn_reference(*ref_leaves[:3], sizes, sizes, topk, tile, compress_attn_weight=ref_leaves[3])
+    refg = torch.autograd.grad(ref, ref_leaves, dout.float())
+    errs = [_nerr(a, b) for a, b in zip(grads, refg)]
+    print("\n[sm90 vsa split] " + " ".join(f"{e:.2e}" for e in errs))
+    assert max(errs) < GRAD_TOL, errs
