@@ -30,7 +30,10 @@ Where the router sends it (``fastvideo_cute.routes``):
   23.41 vs 23.70 ms for cuDNN's route over S=32768 + 65536, 6.81 vs 7.00 ms on the Wan-1.3B grid),
   in the configuration ``_BWD_WS_CONFIG`` (the warp-specialized kernel with ``flat_dq``; q groups of
   512 blocks from 768 blocks on, ``adapters/cute_sm90_bwd64_ws``, their dK/dV parts summed by the
-  group that finishes last, ``ticket_dkv``);
+  group that finishes last, ``ticket_dkv``); calls whose q2k lists arrive as lists, top-k wide (every
+  ``video_sparse_attn`` training call), run the split chain instead (``_split_plan``:
+  ``adapters/cute_sm90_bwd64_split``, 1.07-1.19x cuDNN's kernel on an H100,
+  ``benchmarks/results/bwd64_split_h100_s26.json``);
 - ``video_sparse_attn`` inference calls with a gate (``select_vsa_route_name``), where the fused
   epilogue also saves the separate gate pass (1.01x / 1.03x / 1.05x the cuDNN path at S=32768 /
   65536 / the Wan-1.3B grid, ``benchmarks/results/fwd64_sm90_h200_v5.json``; 128/256-token tiles:
@@ -93,34 +96,29 @@ _BWD_WS_CONFIG = {"narrow_dq": True, "p_stages": 2, "flat_dq": True, "zero_pad_v
 
 
 # The split backward (``adapters/cute_sm90_bwd64_split``: the main kernel stores bf16 dS tiles, a
-# q-owned kernel sums dQ from them; no fp32 dQ reduce-add) where its dS workspace stays at most
-# _SPLIT_MAX_DENSITY of the dense one (``_split_plan``). Off until its routed path has passed its GPU
-# tests (``tests/backends/test_sm90_backward_chains_gpu.py``, written 2026-12-07, not yet run: no device
-# started that session); the split adapter itself is exact and 1.08-1.16x cuDNN's blk64 backward on an
-# H100 (``benchmarks/results/bwd64_split_h100_s25b.json``).
-_SPLIT_BWD = False
+# q-owned kernel sums dQ from them; no fp32 dQ reduce-add) for q2k lists that arrived as lists at most
+# _SPLIT_MAX_DENSITY of the kv blocks wide (``_split_plan``). Measured on an H100 (2026-12-07, the
+# working tree of 9dc571a with the split on): exact (tests/logs/h100_2026-12-07_s26_split_routed.log: 20 passed, the routed
+# chains through the API among them) and 1.194x / 1.122x / 1.069x cuDNN's blk64 backward at 32K / the Wan
+# grid / 64K with top-k-wide lists against the reduce-add chain's 1.107x / 1.080x / 1.000x in the same
+# rounds (benchmarks/results/bwd64_split_h100_s26.json).
+_SPLIT_BWD = True
 _SPLIT_MAX_DENSITY = 0.5
 
 
 def _split_plan(sparsity: BlockSparsity):
-    """``(runs_split, seq_pairs)``: whether the backward runs the split chain, and the pair count of
-    each (batch, head) sequence when it was read on the host (else None). Lists that arrived as
-    lists (VSA's top-k, ``[B, H, Qb, k]``) size its workspace by their width, no sync: the split runs
-    when that width is at most ``_SPLIT_MAX_DENSITY`` of the kv blocks. Lists built from a map are as
-    wide as the kv blocks, so a map's pair counts are read instead (one device sync) and the split
-    runs when no sequence has more than ``_SPLIT_MAX_DENSITY`` of the dense pairs; while a CUDA graph
-    is captured (no sync allowed) a map keeps the reduce-add chain."""
-    if not _SPLIT_BWD:
+    """``(runs_split, None)``: whether the backward runs the split chain. Only lists that arrived as
+    lists (VSA's top-k, ``[B, H, Qb, k]``, or a caller's, sorted by the API) qualify: their width bounds
+    the dS workspace without a device sync, and the split runs when it is at most
+    ``_SPLIT_MAX_DENSITY`` of the kv blocks. A bool map keeps the reduce-add chain: its lists
+    (``map_to_index``) are as wide as the kv blocks, and reading its pair counts on the host instead
+    (one sync a call, tried 2026-12-07) exposed the backward's host work: 5.30 ms against cuDNN's 5.39 at
+    32K on the H100 (benchmarks/results/vsa_h100_default_synthetic_v33.json) where the split on lists
+    takes 4.50. The second element is the per-sequence pair counts for
+    :func:`sm90_block_sparse_bwd64_split`'s ``seq_pairs`` (None: sized by the width)."""
+    if not (_SPLIT_BWD and sparsity.has_lists):
         return False, None
-    q2k_idx, q2k_num = sparsity.q2k()
-    nb = sparsity.num_kv_blocks
-    if sparsity.has_lists:
-        return q2k_idx.shape[-1] <= _SPLIT_MAX_DENSITY * nb, None
-    if q2k_num.is_cuda and torch.cuda.is_current_stream_capturing():
-        return False, None
-    seq_pairs = q2k_num.reshape(-1, q2k_num.shape[-1]).sum(-1, dtype=torch.int64).tolist()
-    dense = q2k_num.shape[-1] * nb
-    return max(seq_pairs, default=0) <= _SPLIT_MAX_DENSITY * dense, seq_pairs
+    return sparsity.q2k()[0].shape[-1] <= _SPLIT_MAX_DENSITY * sparsity.num_kv_blocks, None
 
 
 def _backward_problem(call: CallInfo) -> Optional[str]:
