@@ -98,27 +98,26 @@ _BWD_WS_CONFIG = {"narrow_dq": True, "p_stages": 2, "flat_dq": True, "zero_pad_v
 # The split backward (``adapters/cute_sm90_bwd64_split``: the main kernel stores bf16 dS tiles, a
 # q-owned kernel sums dQ from them; no fp32 dQ reduce-add) for q2k lists that arrived as lists at most
 # _SPLIT_MAX_DENSITY of the kv blocks wide (``_split_plan``). Measured on an H100 (2026-12-07, the
-# working tree of 9dc571a with the split on): exact (tests/logs/h100_2026-12-07_s26_split_routed.log: 20 passed, the routed
-# chains through the API among them) and 1.194x / 1.122x / 1.069x cuDNN's blk64 backward at 32K / the Wan
+# working tree of 9dc571a with the split on): exact (tests/logs/h100_2026-12-07_s26_split_routed.log:
+# 20 passed, the routed chains through the API among them) and 1.194x / 1.122x / 1.069x cuDNN's blk64 backward at 32K / the Wan
 # grid / 64K with top-k-wide lists against the reduce-add chain's 1.107x / 1.080x / 1.000x in the same
 # rounds (benchmarks/results/bwd64_split_h100_s26.json).
 _SPLIT_BWD = True
 _SPLIT_MAX_DENSITY = 0.5
 
 
-def _split_plan(sparsity: BlockSparsity):
-    """``(runs_split, None)``: whether the backward runs the split chain. Only lists that arrived as
+def _split_plan(sparsity: BlockSparsity) -> bool:
+    """Whether the backward runs the split chain. Only lists that arrived as
     lists (VSA's top-k, ``[B, H, Qb, k]``, or a caller's, sorted by the API) qualify: their width bounds
     the dS workspace without a device sync, and the split runs when it is at most
     ``_SPLIT_MAX_DENSITY`` of the kv blocks. A bool map keeps the reduce-add chain: its lists
     (``map_to_index``) are as wide as the kv blocks, and reading its pair counts on the host instead
     (one sync a call, tried 2026-12-07) exposed the backward's host work: 5.30 ms against cuDNN's 5.39 at
     32K on the H100 (benchmarks/results/vsa_h100_default_synthetic_v33.json) where the split on lists
-    takes 4.50. The second element is the per-sequence pair counts for
-    :func:`sm90_block_sparse_bwd64_split`'s ``seq_pairs`` (None: sized by the width)."""
+    takes 4.50."""
     if not (_SPLIT_BWD and sparsity.has_lists):
-        return False, None
-    return sparsity.q2k()[0].shape[-1] <= _SPLIT_MAX_DENSITY * sparsity.num_kv_blocks, None
+        return False
+    return sparsity.q2k()[0].shape[-1] <= _SPLIT_MAX_DENSITY * sparsity.num_kv_blocks
 
 
 def _backward_problem(call: CallInfo) -> Optional[str]:
@@ -276,13 +275,12 @@ class Sm90Backend:
         k2q_idx, k2q_num = sp.k2q()
         bhsd = (lambda x: x.transpose(1, 2).contiguous()) if bshd else (lambda x: x.contiguous())
         args = (bhsd(q), bhsd(k), bhsd(v), bhsd(out), bhsd(dout), lse.contiguous())
-        split, seq_pairs = _split_plan(sp)
-        if split:
+        if _split_plan(sp):
             from ..adapters.cute_sm90_bwd64_split import sm90_block_sparse_bwd64_split
 
             q2k_idx, q2k_num = sp.q2k()
             grads = sm90_block_sparse_bwd64_split(*args, q2k_idx, q2k_num, k2q_idx, k2q_num, kv_block_sizes,
-                                                  sm_scale=sm_scale, seq_pairs=seq_pairs)
+                                                  sm_scale=sm_scale)
         else:
             grads = sm90_block_sparse_bwd64(*args, k2q_idx, k2q_num, kv_block_sizes, sm_scale=sm_scale, main="ws",
                                             ws_config=dict(_BWD_WS_CONFIG))

@@ -137,12 +137,12 @@ def test_split_plan_takes_narrow_lists_and_leaves_maps_to_the_reduce_add_chain(m
     nb = 8
     for width, split in ((4, True), (5, False)):
         idx, num = _lists(1, 2, nb, width)
-        assert sm90_backend._split_plan(BlockSparsity(q2k_idx=idx, q2k_num=num, num_kv_blocks=nb)) == (split, None)
+        assert sm90_backend._split_plan(BlockSparsity(q2k_idx=idx, q2k_num=num, num_kv_blocks=nb)) is split
     block_map = torch.zeros(2, 3, nb, nb, dtype=torch.bool)
     block_map[..., :2] = True  # 2 of 8 per row
-    assert sm90_backend._split_plan(BlockSparsity.of(block_map)) == (False, None)
+    assert sm90_backend._split_plan(BlockSparsity.of(block_map)) is False
     monkeypatch.setattr(sm90_backend, "_SPLIT_BWD", False)
-    assert sm90_backend._split_plan(BlockSparsity(q2k_idx=idx, q2k_num=num, num_kv_blocks=nb)) == (False, None)
+    assert sm90_backend._split_plan(BlockSparsity(q2k_idx=idx, q2k_num=num, num_kv_blocks=nb)) is False
 
 
 def test_backward_runs_the_split_chain_for_narrow_lists(monkeypatch):
@@ -172,7 +172,7 @@ def test_backward_runs_the_split_chain_for_narrow_lists(monkeypatch):
     lse = torch.randn(b, h, s)
     sizes = torch.full((nb,), 64, dtype=torch.int32)
     dq, dk, dv = Sm90Backend().backward(q, k, v, out, dout, lse, sp, sizes, block_size=64, bshd=True, sm_scale=0.5)
-    assert seen["shape"] == torch.Size([b, h, s, d]) and seen["kw"] == dict(sm_scale=0.5, seq_pairs=None)
+    assert seen["shape"] == torch.Size([b, h, s, d]) and seen["kw"] == dict(sm_scale=0.5)
     assert torch.equal(seen["q2k"][0], idx) and torch.equal(seen["k2q"][0], sp.k2q()[0])
     for g, x, f in ((dq, q, 2), (dk, k, 3), (dv, v, 4)):
         assert g.shape == x.shape and torch.equal(g, x * f)
