@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The split 64-token backward (experimental, sm_90a) beside the route's and cuDNN's, on the H200.
+"""The split 64-token backward (sm_90a) beside the route's and cuDNN's, on the H200.
 
 Split: the kv-owned main kernel (``BlockSparseBwd64Sm90Ws(ds_out=True)``) stores each pair's bf16 dS
 tile (8 KB) in q-owned order instead of reduce-adding a 32 KB fp32 dQ tile; the q-owned

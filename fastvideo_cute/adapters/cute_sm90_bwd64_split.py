@@ -1,4 +1,5 @@
-"""The split 64-token backward on Hopper (experimental, not routed; 2026-12-07).
+"""The split 64-token backward on Hopper (2026-12-07; the sm90 backend runs it for q2k lists that arrive
+as lists, ``backends/sm90_backend._split_plan``).
 
 The route's backward (``cute_sm90_bwd64_ws``) reduce-adds one 32 KB fp32 dQ tile per (q block, kv
 block) pair into ``dq_accum``; its Nsight Compute profile has the SM-to-L2 path 92.5 % busy with them
@@ -142,7 +143,8 @@ def sm90_block_sparse_bwd64_split(q, k, v, out, dout, lse, q2k_idx, q2k_num, k2q
         ws_pairs = per_seq * (chunks[0][1] - chunks[0][0])
     else:
         if len(seq_pairs) != bh:
-            raise ValueError(f"sm90_block_sparse_bwd64_split: seq_pairs needs {bh} counts (B*H), got {len(seq_pairs)}")
+            raise ValueError(f"sm90_block_sparse_bwd64_split: seq_pairs needs {bh} counts (B*H), "
+                             f"got {len(seq_pairs)}")
         chunks = pair_chunks(seq_pairs, workspace_cap)
         ws_pairs = max(1, max(sum(seq_pairs[h0:h1]) for h0, h1 in chunks))
     if slots is not None and len(chunks) > 1:

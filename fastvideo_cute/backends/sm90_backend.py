@@ -99,9 +99,9 @@ _BWD_WS_CONFIG = {"narrow_dq": True, "p_stages": 2, "flat_dq": True, "zero_pad_v
 # q-owned kernel sums dQ from them; no fp32 dQ reduce-add) for q2k lists that arrived as lists at most
 # _SPLIT_MAX_DENSITY of the kv blocks wide (``_split_plan``). Measured on an H100 (2026-12-07, the
 # working tree of 9dc571a with the split on): exact (tests/logs/h100_2026-12-07_s26_split_routed.log:
-# 20 passed, the routed chains through the API among them) and 1.194x / 1.122x / 1.069x cuDNN's blk64 backward at 32K / the Wan
-# grid / 64K with top-k-wide lists against the reduce-add chain's 1.107x / 1.080x / 1.000x in the same
-# rounds (benchmarks/results/bwd64_split_h100_s26.json).
+# 20 passed, the routed chains through the API among them) and 1.194x / 1.122x / 1.069x cuDNN's blk64
+# backward at 32K / the Wan grid / 64K with top-k-wide lists against the reduce-add chain's 1.107x /
+# 1.080x / 1.000x in the same rounds (benchmarks/results/bwd64_split_h100_s26.json).
 _SPLIT_BWD = True
 _SPLIT_MAX_DENSITY = 0.5
 

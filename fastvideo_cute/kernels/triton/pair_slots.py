@@ -1,4 +1,4 @@
-"""Each k2q entry's slot in q-owned order, in one Triton launch (the experimental split 64-token
+"""Each k2q entry's slot in q-owned order, in one Triton launch (the split 64-token
 backward on Hopper, ``adapters.cute_sm90_bwd64_split``).
 
 Contract: int32 ``kidx [R, WK]`` / ``knum [R]`` (``R = S * nb`` kv items of ``S`` (batch, head)

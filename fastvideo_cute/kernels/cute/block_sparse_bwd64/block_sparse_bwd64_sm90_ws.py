@@ -144,8 +144,8 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
         as the fragment's pairs of adjacent columns, 32 four-byte stores a thread instead of 64
         two-byte ones; ``tma_dkv`` (not with ``grouped``): each warp writes its 16 bf16 rows by stmatrix
         into a swizzled tile (dK: K's, free once WG2 left its loop; dV: a 16 KB buffer of its own, so
-        WG1 waits on no one) and two TMA tensor stores of 16 x 64 pieces; ``ds_out`` (experimental, the
-        split backward of ``adapters/cute_sm90_bwd64_split``; needs ``flat_dq``, one q group): no dQ GEMM
+        WG1 waits on no one) and two TMA tensor stores of 16 x 64 pieces; ``ds_out`` (the split
+        backward of ``adapters/cute_sm90_bwd64_split``; needs ``flat_dq``, one q group): no dQ GEMM
         and no reduction into ``dq_accum`` (given, unused): the store warp bulk-stores each step's bf16 dS
         tile (8 KB, the swizzled image WG2 writes by stmatrix) into the workspace at ``mWs`` (its base
         pointer; 8 KB tiles) at the slot ``mTk[item * width + t]`` (int32, the caller's q-owned order), and
@@ -169,7 +169,7 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
         self.ticket_dkv = bool(ticket_dkv)
         self.pair_stores = bool(pair_stores)
         self.tma_dkv = bool(tma_dkv)
-        # experimental: dS tiles bulk-stored (slots in mTk) instead of dQ computed and reduced
+        # the split backward: dS tiles bulk-stored (slots in mTk) instead of dQ computed and reduced
         self.ds_out = bool(ds_out)
         if self.ds_out and not (self.flat_dq and self.dq_stages == 1):
             raise ValueError("ds_out needs flat_dq and dq_stages=1")
@@ -404,7 +404,7 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
 
     @cute.jit
     def ds_store(self, mWs, mIdx, mTk, storage, item, base, count):
-        """``ds_out`` (experimental, one q group only): lane 0 bulk-stores each step's dS tile (8 KB, the
+        """``ds_out`` (the split backward, one q group only): lane 0 bulk-stores each step's dS tile (8 KB, the
         swizzled image) into the workspace ``mWs`` (fp32-typed, viewed as 8 KB tiles) at tile
         ``mTk[item * width + base + t]`` (the pair's slot in q-owned order, written by the caller)."""
         lane = cute.arch.lane_idx()

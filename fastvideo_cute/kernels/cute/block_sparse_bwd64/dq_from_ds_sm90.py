@@ -1,12 +1,13 @@
 # SPDX-License-Identifier: Apache-2.0
 """dQ of the 64-token VSA backward from stored dS tiles, q-owned (wgmma + TMA, sm_90a).
 
-Experimental (2026-12-06, twenty-fifth session): the second half of a split backward in which the
+Since 2026-12-07 (twenty-fifth session): the second half of a split backward in which the
 kv-owned main kernel (``BlockSparseBwd64Sm90Ws(ds_out=True)``) stores each (q block, kv block)
 pair's bf16 dS tile (64 x 64, the 8 KB shared-memory image its own dQ = dS K would have read)
 instead of computing dQ and reduce-adding 32 KB of fp32 into ``dq_accum``. This kernel then sums
 ``dQ_i = sm_scale * sum_j dS_ij K_j`` over q block ``i``'s q2k list in registers (fp32, one fixed
-order: dq is the same bits run to run) and writes bf16 rows once. Not routed.
+order: dq is the same bits run to run) and writes bf16 rows once. Routed for q2k lists that arrive
+as lists (``backends/sm90_backend._split_plan``).
 
 Dataflow (one CTA per q work item ``(b*H + h) * nq + i``; warps 0-3 one MMA warpgroup, warp 4 the
 producer; ``stages`` deep ring of (K tile 16 KB, dS tile 8 KB) slots on one TMA barrier each):
