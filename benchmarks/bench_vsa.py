@@ -55,6 +55,9 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 ROUTES = ("default", "triton", "cute", "fa4", "cudnn", "sm90", "sm120")
+# "<route>-lists": the route through the *_from_indices API, fed the top-k q2k lists prebuilt (the
+# form video_sparse_attn hands its sparse branch, and what the cuDNN BSA / FastVideo peers get).
+LIST_ROUTES = tuple(f"{r}-lists" for r in ROUTES if r != "sm120")
 PEERS = ("sdpa-flash", "sdpa-cudnn", "flex", "fa4-dense", "fa4-bsparse", "cudnn-bsa", "fastvideo", "fastvideo-triton")
 # Peers whose kernel time a library route must match ("best peer"): block-sparse kernels with
 # their metadata prebuilt, and FastVideo's own entry points.
@@ -86,8 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="logical block sizes (q and kv)")
     p.add_argument("--sparsity", type=float, nargs="+", default=[0.875],
                    help="fraction of kv blocks each q block skips; topk = round((1-s)*KVb), at least 1")
-    p.add_argument("--routes", nargs="*", default=["triton", "cute"], choices=ROUTES,
-                   help="library routes (sm120 is opt-in: on sm_90 it is a verification target)")
+    p.add_argument("--routes", nargs="*", default=["triton", "cute"], choices=ROUTES + LIST_ROUTES,
+                   help="library routes (sm120 is opt-in: on sm_90 it is a verification target); "
+                        "<route>-lists calls the *_from_indices API with the top-k lists prebuilt")
     p.add_argument("--sm120-variants", nargs="+", default=None,
                    help="kernel modes the sm120 route runs, one entry each, sm120[<mode>] (w4r3, simple_split: "
                         "fastvideo_cute.adapters.cute_sm120.VARIANTS); default: the adapter's choice for the GPU, "
@@ -314,6 +318,8 @@ ENTRY_COLOURS = {
     "fa4": "#ad494a",
     "cudnn": "#6b6ecf",
     "sm90": "#393b79",  # our wgmma 64-token forward
+    "default-lists": "#1f3b73",  # the default route fed q2k lists (*_from_indices)
+    "cute-lists": "#6b6ecf",
     "sm120": "#2ca02c",  # the sm120 route's "simple" variant
     # the sm120 route's other kernel variants (--sm120-variants)
     "sm120[simple_split]": "#98df8a",
@@ -490,7 +496,7 @@ def summarize(results: List[dict]) -> List[dict]:
         by_name = {r["name"]: r for r in rs}
         row["overhead"] = {route: by_name[route]["ms"] / by_name[raw]["ms"] - 1 for route, raw in
                            (("fa4", "fa4-bsparse"), ("cudnn", "cudnn-bsa")) if route in by_name and raw in by_name}
-        for route in ("default", "cute"):
+        for route in ("default", "cute", "default-lists"):
             if route in by_name:
                 row[f"{route}_ms"] = by_name[route]["ms"]
         rows.append(row)
@@ -548,7 +554,7 @@ def _env(values: Dict[str, str], clear: Iterable[str] = ()):
 
 
 def _route_env(route: str):
-    return _env(ROUTE_ENV[route], clear=ROUTE_VARS)
+    return _env(ROUTE_ENV[route.removesuffix("-lists")], clear=ROUTE_VARS)
 
 
 class Case:
@@ -573,8 +579,12 @@ class Case:
                                   for _ in range(3))
         self.dout = torch.randn(b, h, seqlen, d, device=device, dtype=self.dtype, generator=g)
         scores = torch.rand(b, h, self.nblocks, self.nblocks, device=device, generator=g)
+        selected = scores.topk(self.topk, dim=-1).indices
         self.block_map = torch.zeros(b, h, self.nblocks, self.nblocks, dtype=torch.bool, device=device)
-        self.block_map.scatter_(-1, scores.topk(self.topk, dim=-1).indices, True)
+        self.block_map.scatter_(-1, selected, True)
+        # The same selection as q2k lists, width topk (what video_sparse_attn's top-k gives).
+        self.q2k_idx = selected.to(torch.int32)
+        self.q2k_num = torch.full((b, h, self.nblocks), self.topk, dtype=torch.int32, device=device)
         self.sizes = torch.full((self.nblocks,), block, dtype=torch.int32, device=device)
         if args.ragged:
             self.sizes[-1] = block // 2 + 1
@@ -649,10 +659,11 @@ class Runner:
         self.record(case, kind, name, mode, "ok", **out)
 
     # -- library routes -----------------------------------------------------------------------
-    def _api(self, block: int):
+    def _api(self, block: int, lists: bool = False):
+        """The public function a route entry calls; with ``lists`` the ``*_from_indices`` one."""
         import fastvideo_cute as fc
 
-        suffix = "_bshd" if self.args.layout == "bshd" else ""
+        suffix = ("_bshd" if self.args.layout == "bshd" else "") + ("_from_indices" if lists else "")
         base = {64: "block_sparse_attn", 128: "block_sparse_attn_128", 256: "block_sparse_attn_256"}[block]
         return getattr(fc, base + suffix)
 
@@ -723,24 +734,28 @@ class Runner:
         torch = self.torch
 
         def go():
-            fn = self._api(case.block)
+            lists = route.endswith("-lists")
+            api = self._api(case.block, lists)
+            fn = (lambda q, k, v: api(q, k, v, case.q2k_idx, case.q2k_num, case.sizes)) if lists else \
+                (lambda q, k, v: api(q, k, v, case.block_map, case.sizes))
             bshd = self.args.layout == "bshd"
             q, k, v = (case.bshd(t) if bshd else t for t in (case.q, case.k, case.v))
             with _route_env(route):
                 if mode == "fwd":
                     with torch.no_grad():
-                        call = lambda: fn(q, k, v, case.block_map, case.sizes)  # noqa: E731
+                        call = lambda: fn(q, k, v)  # noqa: E731
                         served = self._observe(call)
                         ms = self.bench(call)
                 else:
                     q, k, v = (t.detach().requires_grad_(True) for t in (q, k, v))
-                    out, _ = fn(q, k, v, case.block_map, case.sizes)
+                    out, _ = fn(q, k, v)
                     dout = case.bshd(case.dout) if bshd else case.dout
                     call = lambda: torch.autograd.backward(out, dout, retain_graph=True)  # noqa: E731
                     served = self._observe(call)
                     ms = self.bench(call, grad_to_none=[q, k, v])
-                meta = self._metadata_ms(route, served, case, mode)
-            return {"ms": ms, "metadata_ms": meta, "served_by": served}
+                # The lists arrive prebuilt, as the list-taking peers' do (their build is not timed).
+                meta = None if lists else self._metadata_ms(route, served, case, mode)
+            return {"ms": ms, "metadata_ms": meta, "served_by": served, "extra": {"api": "lists" if lists else "map"}}
 
         self.guarded(case, "route", route, mode, go)
 

@@ -149,6 +149,35 @@ def test_env_context_sets_clears_and_restores(bench, monkeypatch):
     assert os.environ["FASTVIDEO_VSA_TRITON"] == "1" and "FASTVIDEO_VSA_CUTEDSL" not in os.environ
 
 
+def test_list_routes_select_their_base_route_and_carry_the_top_k_lists(bench, monkeypatch):
+    import torch
+
+    a = bench.parse_args(["--routes", "default-lists", "cute-lists", "default", "--block-size", "64"])
+    assert a.routes == ["default-lists", "cute-lists", "default"]
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--routes", "sm120-lists"])
+    for var in bench.ROUTE_VARS:
+        monkeypatch.delenv(var, raising=False)
+    with bench._route_env("cute-lists"):
+        assert os.environ["FASTVIDEO_VSA_CUTEDSL"] == "1"
+    with bench._route_env("default-lists"):
+        assert not any(v in os.environ for v in bench.ROUTE_VARS)
+    # The lists are the map's selection, topk wide, every row full: what VSA's top-k hands over.
+    small = bench.parse_args(["--seqlens", "1024", "--block-size", "64", "--heads", "2", "--sparsity", "0.75"])
+    case = bench.Case(small, 1024, 64, 0.75, "cpu")
+    assert case.q2k_idx.shape == (1, 2, 16, case.topk) == (1, 2, 16, 4) and case.q2k_idx.dtype == torch.int32
+    assert bool((case.q2k_num == case.topk).all())
+    rebuilt = torch.zeros_like(case.block_map).scatter_(-1, case.q2k_idx.long(), True)
+    assert torch.equal(rebuilt, case.block_map)
+    # The entry points the list routes call are the public *_from_indices functions.
+    import fastvideo_cute as fc
+
+    runner = object.__new__(bench.Runner)
+    runner.args = small
+    assert runner._api(64, lists=True) is fc.block_sparse_attn_from_indices
+    assert runner._api(128, lists=False) is fc.block_sparse_attn_128
+
+
 def _no_matplotlib(monkeypatch):
     import builtins
 
