@@ -14,7 +14,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[1] / "fastvideo_cute"
 LAYERS = [
     (0, ("errors", "env", "_version", "cache_dirs", "jit")),  # foundation: stdlib (+ lazily the CuTe DSL)
     (1, ("kernels",)),  # kernels: never torch in kernels.cute
-    (2, ("metadata", "tiling", "validation", "reference", "call", "warmup_presets", "padding_probe")),  # data-path leaves
+    (2, ("metadata", "tiling", "validation", "reference", "call", "warmup_presets", "padding_probe",
+         "pair_counts")),  # data-path leaves
     (3, ("adapters",)),
     (4, ("backends",)),
     (5, ("routes", "route_table")),

@@ -42,12 +42,13 @@ Where the router sends it (``fastvideo_cute.routes``):
 
 from __future__ import annotations
 
-from typing import Dict, Optional
+from typing import Dict, List, Optional, Tuple
 
 import torch
 
 from ..call import CallInfo
 from ..metadata import BlockSparsity, split_q2k
+from ..pair_counts import pair_counts, start_pair_counts
 from ..validation import has_partial_blocks
 from .base import CompileKey, Verdict, basic_key, module_installed
 
@@ -96,28 +97,45 @@ _BWD_WS_CONFIG = {"narrow_dq": True, "p_stages": 2, "flat_dq": True, "zero_pad_v
 
 
 # The split backward (``adapters/cute_sm90_bwd64_split``: the main kernel stores bf16 dS tiles, a
-# q-owned kernel sums dQ from them; no fp32 dQ reduce-add) for q2k lists that arrived as lists at most
-# _SPLIT_MAX_DENSITY of the kv blocks wide (``_split_plan``). Measured on an H100 (2026-12-07, the
-# working tree of 9dc571a with the split on): exact (tests/logs/h100_2026-12-07_s26_split_routed.log:
-# 20 passed, the routed chains through the API among them) and 1.194x / 1.122x / 1.069x cuDNN's blk64
-# backward at 32K / the Wan grid / 64K with top-k-wide lists against the reduce-add chain's 1.107x /
-# 1.080x / 1.000x in the same rounds (benchmarks/results/bwd64_split_h100_s26.json).
+# q-owned kernel sums dQ from them; no fp32 dQ reduce-add) where its dS workspace stays at most
+# _SPLIT_MAX_DENSITY of the dense one (``_split_plan``). Measured on an H100 (2026-12-07, the working
+# tree of 9dc571a with the split on): exact (tests/logs/h100_2026-12-07_s26_split_routed.log: 20 passed,
+# the routed chains through the API among them) and 1.194x / 1.122x / 1.069x cuDNN's blk64 backward at
+# 32K / the Wan grid / 64K with top-k-wide lists against the reduce-add chain's 1.107x / 1.080x / 1.000x
+# in the same rounds (benchmarks/results/bwd64_split_h100_s26.json).
 _SPLIT_BWD = True
 _SPLIT_MAX_DENSITY = 0.5
+# Bool maps split too, sized by the pair counts their training forward started reading
+# (``fastvideo_cute.pair_counts``: no sync in the backward); off, maps keep the reduce-add chain.
+_SPLIT_MAPS = True
 
 
-def _split_plan(sparsity: BlockSparsity) -> bool:
-    """Whether the backward runs the split chain. Only lists that arrived as
-    lists (VSA's top-k, ``[B, H, Qb, k]``, or a caller's, sorted by the API) qualify: their width bounds
-    the dS workspace without a device sync, and the split runs when it is at most
-    ``_SPLIT_MAX_DENSITY`` of the kv blocks. A bool map keeps the reduce-add chain: its lists
-    (``map_to_index``) are as wide as the kv blocks, and reading its pair counts on the host instead
-    (one sync a call, tried 2026-12-07) exposed the backward's host work: 5.30 ms against cuDNN's 5.39 at
-    32K on the H100 (benchmarks/results/vsa_h100_default_synthetic_v33.json) where the split on lists
-    takes 4.50."""
-    if not (_SPLIT_BWD and sparsity.has_lists):
-        return False
-    return sparsity.q2k()[0].shape[-1] <= _SPLIT_MAX_DENSITY * sparsity.num_kv_blocks
+def _split_plan(sparsity: BlockSparsity) -> Tuple[bool, Optional[List[int]]]:
+    """``(split, seq_pairs)``: whether the backward runs the split chain, and the per-(batch, head)
+    pair counts that size its workspace (None: the lists' width does).
+
+    - Lists that arrived as lists (VSA's top-k, ``[B, H, Qb, k]``, or a caller's, sorted by the API)
+      bound the workspace by their width, no sync: split when it is at most ``_SPLIT_MAX_DENSITY`` of
+      the kv blocks.
+    - A bool map's lists (``map_to_index``) are as wide as the kv blocks, so its counts are used: those
+      this map's forward started reading (``pair_counts``). Reading them only here would be a device
+      sync a call, which exposed the backward's host work (2026-12-07, H100: 5.30 ms against cuDNN's
+      5.39 at 32K, benchmarks/results/vsa_h100_default_synthetic_v33.json, where the split on lists
+      takes 4.50). Split when no sequence has more than ``_SPLIT_MAX_DENSITY`` of its dense pairs.
+      A map without counts (its forward ran elsewhere or without grad, or a CUDA graph is being
+      captured) keeps the reduce-add chain."""
+    if not _SPLIT_BWD:
+        return False, None
+    if sparsity.has_lists:
+        return sparsity.q2k()[0].shape[-1] <= _SPLIT_MAX_DENSITY * sparsity.num_kv_blocks, None
+    block_map = sparsity.block_map()
+    if not _SPLIT_MAPS or (block_map.is_cuda and torch.cuda.is_current_stream_capturing()):
+        return False, None
+    seq_pairs = pair_counts(block_map)
+    if seq_pairs is None:
+        return False, None
+    dense = block_map.shape[-2] * block_map.shape[-1]
+    return max(seq_pairs, default=0) <= _SPLIT_MAX_DENSITY * dense, seq_pairs
 
 
 def _backward_problem(call: CallInfo) -> Optional[str]:
@@ -248,8 +266,12 @@ class Sm90Backend:
                 sm_scale: float, kv_padding_zero: bool = False):
         """``(out, lse)``. ``need_backward``: another backend runs this call's backward (the route
         table may pair this forward with cuDNN's or Triton's backward); the LSE it needs is
-        the one returned, so nothing changes here."""
-        return self._run(q, k, v, sparsity, kv_block_sizes, block_size, bshd, sm_scale)
+        the one returned. A training call given a bool map starts reading the map's pair counts here,
+        for the split backward (``_split_plan``)."""
+        sp = BlockSparsity.of(sparsity)
+        if need_backward and block_size == _BLOCK and _SPLIT_BWD and _SPLIT_MAPS and not sp.has_lists:
+            start_pair_counts(sp.block_map(), sp.q2k()[1])
+        return self._run(q, k, v, sp, kv_block_sizes, block_size, bshd, sm_scale)
 
     def forward_gated(self, q, k, v, sparsity, kv_block_sizes, gate, out_c, *, block_size: int, bshd: bool,
                       sm_scale: float, out: Optional[torch.Tensor] = None, out_s: Optional[torch.Tensor] = None):
@@ -275,12 +297,13 @@ class Sm90Backend:
         k2q_idx, k2q_num = sp.k2q()
         bhsd = (lambda x: x.transpose(1, 2).contiguous()) if bshd else (lambda x: x.contiguous())
         args = (bhsd(q), bhsd(k), bhsd(v), bhsd(out), bhsd(dout), lse.contiguous())
-        if _split_plan(sp):
+        split, seq_pairs = _split_plan(sp)
+        if split:
             from ..adapters.cute_sm90_bwd64_split import sm90_block_sparse_bwd64_split
 
             q2k_idx, q2k_num = sp.q2k()
             grads = sm90_block_sparse_bwd64_split(*args, q2k_idx, q2k_num, k2q_idx, k2q_num, kv_block_sizes,
-                                                  sm_scale=sm_scale)
+                                                  sm_scale=sm_scale, seq_pairs=seq_pairs)
         else:
             grads = sm90_block_sparse_bwd64(*args, k2q_idx, k2q_num, kv_block_sizes, sm_scale=sm_scale, main="ws",
                                             ws_config=dict(_BWD_WS_CONFIG))

@@ -127,22 +127,42 @@ def _lists(b, h, nb, width, seed=0):
     return idx.reshape(b, h, nb, width).to(torch.int32), torch.full((b, h, nb), width, dtype=torch.int32)
 
 
-def test_split_plan_takes_narrow_lists_and_leaves_maps_to_the_reduce_add_chain(monkeypatch):
-    """Lists that arrived (VSA's top-k) choose by width, no host read; a bool map, however sparse,
-    keeps the reduce-add chain (no sync); the switch turns the split off."""
+def test_split_plan_takes_narrow_lists_and_maps_whose_forward_started_their_counts(monkeypatch):
+    """Lists that arrived (VSA's top-k) choose by width, no host read. A bool map splits by the pair
+    counts its forward started reading (``pair_counts``), when no sequence is denser than the rule;
+    a map without started counts, or with the map switch off, keeps the reduce-add chain; the main
+    switch turns the split off."""
     from fastvideo_cute.backends import sm90_backend
-    from fastvideo_cute.metadata import BlockSparsity
+    from fastvideo_cute.metadata import BlockSparsity, map_to_index
+    from fastvideo_cute.pair_counts import start_pair_counts
 
     monkeypatch.setattr(sm90_backend, "_SPLIT_BWD", True)
+    monkeypatch.setattr(sm90_backend, "_SPLIT_MAPS", True)
     nb = 8
     for width, split in ((4, True), (5, False)):
         idx, num = _lists(1, 2, nb, width)
-        assert sm90_backend._split_plan(BlockSparsity(q2k_idx=idx, q2k_num=num, num_kv_blocks=nb)) is split
+        assert sm90_backend._split_plan(BlockSparsity(q2k_idx=idx, q2k_num=num, num_kv_blocks=nb)) == (split, None)
     block_map = torch.zeros(2, 3, nb, nb, dtype=torch.bool)
     block_map[..., :2] = True  # 2 of 8 per row
-    assert sm90_backend._split_plan(BlockSparsity.of(block_map)) is False
+    block_map[1, 2, :, 2:4] = True  # one sequence 4 of 8 per row: at the rule's bound
+    block_map[0, 1, 5] = False  # an empty q block
+    assert sm90_backend._split_plan(BlockSparsity.of(block_map)) == (False, None)  # no counts started
+    assert start_pair_counts(block_map, map_to_index(block_map)[1])
+    expected = block_map.reshape(6, -1).sum(-1).tolist()
+    assert expected == [16, 14, 16, 16, 16, 32]
+    assert sm90_backend._split_plan(BlockSparsity.of(block_map)) == (True, expected)
+    other = block_map.clone()  # the same selection in another tensor: no counts of its own
+    assert sm90_backend._split_plan(BlockSparsity.of(other)) == (False, None)
+    block_map[1, 2, :, 4] = True  # changed in place after the count: stale, ignored
+    assert sm90_backend._split_plan(BlockSparsity.of(block_map)) == (False, None)
+    assert start_pair_counts(block_map, map_to_index(block_map)[1])  # 5 of 8 in one sequence: too dense
+    assert sm90_backend._split_plan(BlockSparsity.of(block_map))[0] is False
+    block_map[1, 2, :, 4] = False
+    assert start_pair_counts(block_map, map_to_index(block_map)[1])
+    monkeypatch.setattr(sm90_backend, "_SPLIT_MAPS", False)
+    assert sm90_backend._split_plan(BlockSparsity.of(block_map)) == (False, None)
     monkeypatch.setattr(sm90_backend, "_SPLIT_BWD", False)
-    assert sm90_backend._split_plan(BlockSparsity(q2k_idx=idx, q2k_num=num, num_kv_blocks=nb)) is False
+    assert sm90_backend._split_plan(BlockSparsity(q2k_idx=idx, q2k_num=num, num_kv_blocks=nb)) == (False, None)
 
 
 def test_backward_runs_the_split_chain_for_narrow_lists(monkeypatch):
@@ -172,7 +192,7 @@ def test_backward_runs_the_split_chain_for_narrow_lists(monkeypatch):
     lse = torch.randn(b, h, s)
     sizes = torch.full((nb,), 64, dtype=torch.int32)
     dq, dk, dv = Sm90Backend().backward(q, k, v, out, dout, lse, sp, sizes, block_size=64, bshd=True, sm_scale=0.5)
-    assert seen["shape"] == torch.Size([b, h, s, d]) and seen["kw"] == dict(sm_scale=0.5)
+    assert seen["shape"] == torch.Size([b, h, s, d]) and seen["kw"] == dict(sm_scale=0.5, seq_pairs=None)
     assert torch.equal(seen["q2k"][0], idx) and torch.equal(seen["k2q"][0], sp.k2q()[0])
     for g, x, f in ((dq, q, 2), (dk, k, 3), (dv, v, 4)):
         assert g.shape == x.shape and torch.equal(g, x * f)
@@ -244,16 +264,39 @@ def test_the_shipped_table_picks_it_where_it_was_fastest(monkeypatch):
         assert routes.select_route(info).name != "sm90"
 
 
-def test_forward_of_a_training_call_runs(monkeypatch):
+def test_forward_of_a_training_call_runs_and_starts_a_maps_pair_counts(monkeypatch):
     """The route table may pair this forward with another backend's backward: ``forward`` with
     ``need_backward=True`` runs the kernel like an inference call (its LSE serves the backward)
     instead of refusing (a refusal there failed every 64-token training call on the H200 once the
-    table chose sm90 for the forward: benchmarks/results/vsa_h200_default_synthetic_v9.json)."""
+    table chose sm90 for the forward: benchmarks/results/vsa_h200_default_synthetic_v9.json). Given a
+    bool map it also starts reading the map's pair counts for the split backward; an inference call,
+    lists that arrived as lists, or 128-token blocks start none."""
+    from fastvideo_cute.backends import sm90_backend
     from fastvideo_cute.backends.sm90_backend import Sm90Backend
+    from fastvideo_cute.metadata import BlockSparsity
+    from fastvideo_cute.pair_counts import pair_counts
 
+    monkeypatch.setattr(sm90_backend, "_SPLIT_BWD", True)
+    monkeypatch.setattr(sm90_backend, "_SPLIT_MAPS", True)
     seen = []
     backend = Sm90Backend()
     monkeypatch.setattr(backend, "_run", lambda *a, **kw: seen.append(a) or ("out", "lse"))
-    assert backend.forward(1, 2, 3, None, None, block_size=64, bshd=False, need_backward=True,
+
+    def maps():
+        m = torch.zeros(1, 2, 4, 4, dtype=torch.bool)
+        m[0, 0, :, 1] = True
+        m[0, 1, 1:, :2] = True
+        return m
+
+    train, infer, wide = maps(), maps(), maps()
+    assert backend.forward(1, 2, 3, train, None, block_size=64, bshd=False, need_backward=True,
                            sm_scale=0.1) == ("out", "lse")
-    assert len(seen) == 1
+    assert len(seen) == 1 and seen[0][3].block_map() is train
+    assert pair_counts(train) == [4, 6]
+    backend.forward(1, 2, 3, infer, None, block_size=64, bshd=False, need_backward=False, sm_scale=0.1)
+    backend.forward(1, 2, 3, wide, None, block_size=128, bshd=False, need_backward=True, sm_scale=0.1)
+    assert pair_counts(infer) is None and pair_counts(wide) is None
+    idx, num = _lists(1, 2, 4, 2)
+    sp = BlockSparsity(q2k_idx=idx, q2k_num=num, num_kv_blocks=4)
+    backend.forward(1, 2, 3, sp, None, block_size=64, bshd=False, need_backward=True, sm_scale=0.1)
+    assert pair_counts(sp.block_map()) is None and len(seen) == 4

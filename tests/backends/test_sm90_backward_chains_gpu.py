@@ -1,9 +1,10 @@
 """On an sm_90 GPU: the sm90 backend's 64-token backward through the public API
 (``FASTVIDEO_VSA_BACKEND=sm90``), on both chains its plan chooses between (``_split_plan``): the split
 chain (bf16 dS tiles, then a q-owned dQ kernel) for q2k lists that arrive as lists
-(``block_sparse_attn_from_indices``, ``video_sparse_attn``'s top-k), sized by their width; the
-reduce-add chain for a bool map. Which chain ran is observed (the plan's answers, recorded), not
-assumed.
+(``block_sparse_attn_from_indices``, ``video_sparse_attn``'s top-k), sized by their width, and for a
+bool map, sized by the pair counts its forward started reading (``fastvideo_cute.pair_counts``, a 4-D
+map and a 3-D one shared by the batch); the reduce-add chain for a map with the map switch
+(``_SPLIT_MAPS``) off. Which chain ran is observed (the plan's answers, recorded), not assumed.
 
 Checked against the fp32 reference: ragged kv blocks (sizes 0, 17, 33 and full) with NaN/Inf in K's and
 V's padding rows, B = 2, a q block with no kv block, BHSD and BSHD; the split's gradients beside the
@@ -40,14 +41,15 @@ def _sm90(monkeypatch):
 
 @pytest.fixture
 def plans(monkeypatch):
-    """The split plans the backend chose, in call order (the split chain switched on, whatever the
-    shipped default)."""
+    """The split plans the backend chose, in call order, as (split, sized by counts) (the split chain
+    switched on for lists and maps, whatever the shipped default)."""
     monkeypatch.setattr(sm90_backend, "_SPLIT_BWD", True)
+    monkeypatch.setattr(sm90_backend, "_SPLIT_MAPS", True)
     seen, real = [], sm90_backend._split_plan
 
     def spy(sparsity):
         plan = real(sparsity)
-        seen.append(plan)
+        seen.append((plan[0], plan[1] is not None))
         return plan
 
     monkeypatch.setattr(sm90_backend, "_split_plan", spy)
@@ -72,14 +74,17 @@ def _map_case(seed=0):
     return q, k, v, m, sizes
 
 
-def _grads(bshd, q, k, v, m, sizes, dout, lists):
-    """The gradients of one call, from the map or (``lists``) from its q2k lists."""
+def _grads(bshd, q, k, v, m, sizes, dout, form):
+    """The gradients of one call, from the map (``form`` "map"; "map3d": head 0's map shared by the
+    batch, which must then select alike) or from its q2k lists ("lists")."""
     from fastvideo_cute.metadata import map_to_index
 
     tb = (lambda x: x.transpose(1, 2).contiguous()) if bshd else (lambda x: x.clone())
     leaves = [tb(x).requires_grad_(True) for x in (q, k, v)]
     before = ops.dispatch_counts.copy()
-    if lists:
+    if form == "map3d":
+        out, _ = (fvc.block_sparse_attn_bshd if bshd else fvc.block_sparse_attn)(*leaves, m[0].clone(), sizes)
+    elif form == "lists":
         idx, num = map_to_index(m)  # 3 wide, as top-k lists are (of 8 kv blocks: the split's width rule)
         fn = fvc.block_sparse_attn_bshd_from_indices if bshd else fvc.block_sparse_attn_from_indices
         out, _ = fn(*leaves, idx[..., :3].contiguous(), num, sizes)
@@ -94,22 +99,25 @@ def _grads(bshd, q, k, v, m, sizes, dout, lists):
 
 
 @pytest.mark.parametrize("bshd", [False, True], ids=["bhsd", "bshd"])
-@pytest.mark.parametrize("lists", [True, False], ids=["lists-split", "map-reduce"])
-def test_block_sparse_attn_backward_on_the_chain_its_plan_names(plans, bshd, lists):
+@pytest.mark.parametrize("form", ["lists", "map", "map3d"])
+def test_block_sparse_attn_backward_on_the_split_and_beside_the_reduce_add_chain(plans, monkeypatch, bshd, form):
     q, k, v, m, sizes = _map_case()
+    if form == "map3d":
+        m = m[:1].expand_as(m).clone()
     dout = torch.randn_like(q)
-    grads = _grads(bshd, q, k, v, m, sizes, dout, lists)
-    assert plans == [lists], plans
+    grads = _grads(bshd, q, k, v, m, sizes, dout, form)
+    assert plans == [(True, form != "lists")], plans  # lists by width, maps by their counts
     ref_leaves = [x.detach().float().nan_to_num(0.0, 0.0, 0.0).requires_grad_(True) for x in (q, k, v)]
     ref, _ = block_sparse_attn_reference(*ref_leaves, m, sizes, 64)
     refg = torch.autograd.grad(ref, ref_leaves, dout.float())
     errs = [_nerr(g, r) for g, r in zip(grads, refg)]
-    print(f"\n[sm90 bwd bshd={bshd} lists={lists}] " + " ".join(f"{e:.2e}" for e in errs))
+    print(f"\n[sm90 bwd bshd={bshd} {form}] " + " ".join(f"{e:.2e}" for e in errs))
     assert all(torch.isfinite(g).all() for g in grads)
     assert max(errs) < GRAD_TOL, errs
-    if lists:  # the same selection as a map: the reduce-add chain
-        other = _grads(bshd, q, k, v, m, sizes, dout, False)
-        assert plans[-1] is False
+    if form != "map3d":  # the same selection as a map with the map switch off: the reduce-add chain
+        monkeypatch.setattr(sm90_backend, "_SPLIT_MAPS", False)
+        other = _grads(bshd, q, k, v, m, sizes, dout, "map")
+        assert plans[-1] == (False, False)
         diffs = [_nerr(a, b) for a, b in zip(grads, other)]
         print(f"  split vs reduce-add: {diffs}, dk/dv bitwise: {[torch.equal(a, b) for a, b in zip(grads[1:], other[1:])]}")
         assert max(diffs) < CHAIN_TOL, diffs
@@ -126,7 +134,7 @@ def test_video_sparse_attn_training_runs_the_split_on_its_top_k_lists(plans):
     out = fvc.video_sparse_attn(*leaves[:3], sizes, sizes, topk, tile, compress_attn_weight=leaves[3])
     dout = torch.randn_like(out)
     grads = torch.autograd.grad(out, leaves, dout)
-    assert plans == [True], plans
+    assert plans == [(True, False)], plans
     ref_leaves = [x.detach().float().requires_grad_(True) for x in leaves]
     ref = video_sparse_attn_reference(*ref_leaves[:3], sizes, sizes, topk, tile, compress_attn_weight=ref_leaves[3])
     refg = torch.autograd.grad(ref, ref_leaves, dout.float())
