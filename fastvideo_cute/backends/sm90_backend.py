@@ -33,7 +33,8 @@ Where the router sends it (``fastvideo_cute.routes``):
   group that finishes last, ``ticket_dkv``); calls whose q2k lists arrive as lists, top-k wide (every
   ``video_sparse_attn`` training call), and (behind ``_SPLIT_MAPS``, off until its GPU tests run)
   calls given a bool map whose training forward ran here (it starts reading the map's pair counts,
-  ``fastvideo_cute.pair_counts``), run the split chain instead (``_split_plan``: ``adapters/cute_sm90_bwd64_split``, 1.07-1.19x cuDNN's kernel on an H100,
+  ``fastvideo_cute.pair_counts``), run the split chain instead (``_split_plan``:
+  ``adapters/cute_sm90_bwd64_split``, 1.07-1.19x cuDNN's kernel on an H100,
   ``benchmarks/results/bwd64_split_h100_s26.json``);
 - ``video_sparse_attn`` inference calls with a gate (``select_vsa_route_name``), where the fused
   epilogue also saves the separate gate pass (1.01x / 1.03x / 1.05x the cuDNN path at S=32768 /
