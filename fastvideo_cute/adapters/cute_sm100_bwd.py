@@ -167,7 +167,8 @@ def sm100_bwd64_common_stages(
     of the chain.
 
     Returns ``delta`` and ``lse2`` (fp32 ``[B, H, S]``), ``dq_accum`` (fp32 ``[B, H, S, 128]``, all
-    zero; unwritten without ``zero_dq``, for a chain that never reads it), ``dk`` and ``dv`` (bf16, ``empty_like(out)`` unless given: the rows of kv blocks with
+    zero; unwritten without ``zero_dq``, for a chain that never reads it), ``dk`` and ``dv`` (bf16,
+    ``empty_like(out)`` unless given: the rows of kv blocks with
     ``k2q_num == 0`` are exactly 0, the others untouched, the main kernel's to write) and ``order``
     (int32 ``[B*H*nb]`` or None for the identity order)."""
     ok, reason = sm100_bwd64_common_support(out, dout, lse, k2q_num, kv_block_sizes)
