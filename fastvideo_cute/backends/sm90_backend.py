@@ -31,7 +31,7 @@ Where the router sends it (``fastvideo_cute.routes``):
   in the configuration ``_BWD_WS_CONFIG`` (the warp-specialized kernel with ``flat_dq``; q groups of
   512 blocks from 768 blocks on, ``adapters/cute_sm90_bwd64_ws``, their dK/dV parts summed by the
   group that finishes last, ``ticket_dkv``); calls whose q2k lists arrive as lists, top-k wide (every
-  ``video_sparse_attn`` training call), and (behind ``_SPLIT_MAPS``, off until its GPU tests run)
+  ``video_sparse_attn`` training call), and (``_SPLIT_MAPS``)
   calls given a bool map whose training forward ran here (it starts reading the map's pair counts,
   ``fastvideo_cute.pair_counts``), run the split chain instead (``_split_plan``:
   ``adapters/cute_sm90_bwd64_split``, 1.07-1.19x cuDNN's kernel on an H100,
@@ -108,11 +108,12 @@ _BWD_WS_CONFIG = {"narrow_dq": True, "p_stages": 2, "flat_dq": True, "zero_pad_v
 _SPLIT_BWD = True
 _SPLIT_MAX_DENSITY = 0.5
 # Bool maps split too, sized by the pair counts their training forward started reading
-# (``fastvideo_cute.pair_counts``: no sync in the backward); off, maps keep the reduce-add chain. Off
-# until this path's GPU tests have run (tests/backends/test_sm90_backward_chains_gpu.py switches it on:
-# written 2026-12-07, no device started that session); the adapter's ``seq_pairs`` sizing it relies on
-# passed on an H100 with host-read counts (tests/logs/h100_2026-12-07_s26_split_routed.log).
-_SPLIT_MAPS = False
+# (``fastvideo_cute.pair_counts``: no sync in the backward); off, maps keep the reduce-add chain. On
+# since an H100 ran this path on cf144a0 (2026-12-07): the split suite and the chains through the API
+# (maps, per-head maps and batch-shared maps on the split, sized by their counts, each beside the
+# reduce-add chain: dK/dV bitwise equal) passed (tests/logs/h100_2026-12-07_s28_split_maps_cf144a0.log),
+# and the map route's backward went from the reduce-add chain's rate to the lists' (table v35 there).
+_SPLIT_MAPS = True
 
 
 def _split_plan(sparsity: BlockSparsity) -> Tuple[bool, Optional[List[int]]]:
