@@ -204,14 +204,38 @@ def ascending_lists(q2k_idx: Tensor, q2k_num: Tensor, kv_blocks: int, batch: int
     the batch). The entries past ``num`` become 0, a valid id that no kernel reads. Ascending
     rows are what ``map_to_index`` gives, so a list-walking kernel accumulates in the order the
     map API's call would, and the result is the map API's bit for bit."""
-    used = _used(q2k_idx, q2k_num)
-    key = torch.where(used, q2k_idx.to(torch.int32), kv_blocks)
-    idx = torch.sort(key, dim=-1).values
-    idx = torch.where(idx >= kv_blocks, 0, idx)
+    idx = _ascending_rows(q2k_idx, q2k_num, kv_blocks)
     num = q2k_num.to(torch.int32)
     if idx.dim() == 3:
         idx, num = idx.unsqueeze(0).expand(batch, *idx.shape), num.unsqueeze(0).expand(batch, *num.shape)
     return idx.contiguous(), num.contiguous()
+
+
+#: whether CUDA lists are sorted by one Triton launch (``kernels/triton/ascending_lists``) instead of
+#: the torch path's radix sort and four elementwise launches (80 us of device time at S=32768 on an
+#: H100, ``benchmarks/results/diag_lists_fwd_h100_s28.log``). Off until the kernel has run on a GPU.
+TRITON_SORT = False
+
+
+def _ascending_rows(q2k_idx: Tensor, q2k_num: Tensor, kv_blocks: int) -> Tensor:
+    """int32 rows of ``q2k_idx``: the used entries ascending, 0 past ``num`` (same shape)."""
+    if TRITON_SORT and q2k_idx.is_cuda and not torch.compiler.is_compiling():
+        try:
+            from .kernels.triton.ascending_lists import MAX_WIDTH, ascending_lists_triton
+        except Exception:  # noqa: BLE001 - no usable Triton: the torch path
+            pass
+        else:
+            if q2k_idx.shape[-1] <= MAX_WIDTH:
+                return ascending_lists_triton(q2k_idx, q2k_num, kv_blocks)
+    return ascending_rows_torch(q2k_idx, q2k_num, kv_blocks)
+
+
+def ascending_rows_torch(q2k_idx: Tensor, q2k_num: Tensor, kv_blocks: int) -> Tensor:
+    """:func:`_ascending_rows` by torch ops: the reference, and the CPU path."""
+    used = _used(q2k_idx, q2k_num)
+    key = torch.where(used, q2k_idx.to(torch.int32), kv_blocks)
+    idx = torch.sort(key, dim=-1).values
+    return torch.where(idx >= kv_blocks, 0, idx)
 
 
 def _lists_to_op(q: Tensor, k: Tensor, v: Tensor, q2k_idx: Tensor, q2k_num: Tensor, variable_block_sizes: Tensor,
