@@ -17,9 +17,13 @@ are stored as 0. The entries must already be checked (distinct, in ``[0, KVB)``,
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import triton
 import triton.language as tl
+
+from .map_to_index import _check_output
 
 __all__ = ["ascending_lists_triton", "MAX_WIDTH"]
 
@@ -55,16 +59,21 @@ def launch_config(block_w: int):
     return rows, (1 if block_w * rows <= 1024 else 4)
 
 
-def ascending_lists_triton(idx: torch.Tensor, num: torch.Tensor, kv_blocks: int) -> torch.Tensor:
+def ascending_lists_triton(idx: torch.Tensor, num: torch.Tensor, kv_blocks: int,
+                           out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """``idx [..., W]`` (any integer dtype, any strides), ``num [...]`` -> int32 ``[..., W]``
-    contiguous, each row's used entries ascending, 0 past ``num``. Raises ``ValueError`` (naming
-    the argument) for mismatched shapes or a row wider than :data:`MAX_WIDTH`."""
+    contiguous, each row's used entries ascending, 0 past ``num``, written into ``out`` (allocated
+    when None) and returned. Raises ``ValueError`` (naming the argument) for mismatched shapes, a
+    row wider than :data:`MAX_WIDTH`, or an ``out`` that is not int32, contiguous, of ``idx``'s
+    shape and device."""
     if idx.dim() < 1 or tuple(num.shape) != tuple(idx.shape[:-1]):
         raise ValueError(f"num must have idx's leading shape {tuple(idx.shape[:-1])}, got {tuple(num.shape)}")
     w = idx.shape[-1]
     if w > MAX_WIDTH:
         raise ValueError(f"idx rows are {w} wide; the kernel sorts at most {MAX_WIDTH}")
-    out = torch.empty(idx.shape, dtype=torch.int32, device=idx.device)
+    if out is None:
+        out = torch.empty(idx.shape, dtype=torch.int32, device=idx.device)
+    _check_output("out", out, tuple(idx.shape), idx.device)
     nrows = num.numel()
     if nrows == 0 or w == 0:
         return out

@@ -57,6 +57,15 @@ def test_bad_arguments_are_named():
         ascending_lists_triton(torch.zeros(1, MAX_WIDTH + 1, dtype=torch.int32), torch.zeros(1, dtype=torch.int32), 9)
 
 
+def test_writes_into_a_given_out():
+    idx, num = _lists((2, 3), 4, 9, seed=2)
+    out = torch.full(idx.shape, 7, dtype=torch.int32)
+    assert ascending_lists_triton(idx, num, 9, out=out) is out
+    assert torch.equal(out, ascending_rows_torch(idx, num, 9))
+    with pytest.raises(ValueError, match="out must be int32"):
+        ascending_lists_triton(idx, num, 9, out=torch.empty(idx.shape, dtype=torch.int64))
+
+
 def test_empty_rows():
     out = ascending_lists_triton(torch.zeros(0, 4, dtype=torch.int32), torch.zeros(0, dtype=torch.int32), 9)
     assert out.shape == (0, 4)
