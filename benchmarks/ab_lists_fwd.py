@@ -9,9 +9,23 @@ import torch
 from triton.testing import do_bench
 from torch.profiler import profile, ProfilerActivity
 import fastvideo_cute as fvc
+from fastvideo_cute import api_indices
 from fastvideo_cute.api_indices import ascending_lists
+from fastvideo_cute.kernels.triton.ascending_lists import ascending_lists_triton
 from fastvideo_cute.metadata import map_to_index
 from fastvideo_cute.adapters.cute_sm90_fwd64 import sm90_fwd64, auto_kv_splits
+
+
+def _sort_by(triton_sort: bool, fn):
+    """fn run with api_indices.TRITON_SORT set to ``triton_sort`` (the one-launch Triton row sort, or
+    the torch ops), restored after: both paths timed in one run whatever the module's default."""
+    def run():
+        old, api_indices.TRITON_SORT = api_indices.TRITON_SORT, triton_sort
+        try:
+            return fn()
+        finally:
+            api_indices.TRITON_SORT = old
+    return run
 
 
 def main() -> None:
@@ -32,12 +46,16 @@ def main() -> None:
         print(f"S={S} kv_splits topk-lists {sp_t} map-lists {sp_m}; widths {ai.shape[-1]} {mi.shape[-1]}", flush=True)
         with torch.no_grad():
             o1 = fvc.block_sparse_attn(q, k, v, bm, sizes)[0]
-            o2 = fvc.block_sparse_attn_from_indices(q, k, v, idx, num, sizes)[0]
-            print("outputs bitwise equal:", torch.equal(o1, o2))
+            o2 = _sort_by(False, lambda: fvc.block_sparse_attn_from_indices(q, k, v, idx, num, sizes))()[0]
+            o3 = _sort_by(True, lambda: fvc.block_sparse_attn_from_indices(q, k, v, idx, num, sizes))()[0]
+            print("outputs bitwise equal: torch sort", torch.equal(o1, o2), "Triton sort", torch.equal(o1, o3))
             fns = {
                 "map_api": lambda: fvc.block_sparse_attn(q, k, v, bm, sizes),
-                "lists_api": lambda: fvc.block_sparse_attn_from_indices(q, k, v, idx, num, sizes),
-                "ascending_lists": lambda: ascending_lists(idx, num, nb, b),
+                "lists_api": _sort_by(False, lambda: fvc.block_sparse_attn_from_indices(q, k, v, idx, num, sizes)),
+                "lists_api_tsort": _sort_by(True, lambda: fvc.block_sparse_attn_from_indices(q, k, v, idx, num, sizes)),
+                "ascending_lists": _sort_by(False, lambda: ascending_lists(idx, num, nb, b)),
+                "ascending_tsort": _sort_by(True, lambda: ascending_lists(idx, num, nb, b)),
+                "rows_triton": lambda: ascending_lists_triton(idx, num, nb),
                 "map_to_index": lambda: map_to_index(bm),
                 "kernel_topk_lists": lambda: sm90_fwd64(q, k, v, ai, an, None, bshd=False, kv_splits=sp_t),
                 "kernel_map_lists": lambda: sm90_fwd64(q, k, v, mi, mn, None, bshd=False, kv_splits=sp_m),
@@ -58,7 +76,7 @@ def main() -> None:
                 rounds = [round(t, 4) for t in ts]
                 print(f"  {n:20s} {sorted(ts)[1]:.4f} ms  rounds {rounds}  host {host[n]:.0f} us/call", flush=True)
             if S == 32768:
-                for n in ("map_api", "lists_api"):
+                for n in ("map_api", "lists_api", "lists_api_tsort"):
                     for _ in range(3):
                         fns[n]()
                     torch.cuda.synchronize()
