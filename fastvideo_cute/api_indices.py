@@ -215,7 +215,8 @@ def ascending_lists(q2k_idx: Tensor, q2k_num: Tensor, kv_blocks: int, batch: int
 #: the torch path's radix sort and four elementwise launches (about 65 us of device time a call at
 #: S=32768 on an H100, ``benchmarks/results/diag_lists_fwd_h100_s28.log``). On since its GPU test
 #: passed on an H100 (``tests/logs/h100_2026-12-07_s29_sort_split_20fca6f.log``): 6.9 us a call there,
-#: the lists' forward then at the map's device time (``benchmarks/results/diag_lists_fwd_h100_s29.log``).
+#: the lists' forward then at the map's device time (``benchmarks/results/diag_lists_fwd_h100_s29b.log``,
+#: both sorts in one run).
 TRITON_SORT = True
 
 
