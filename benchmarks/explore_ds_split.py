@@ -6,7 +6,8 @@ tile (8 KB) in q-owned order instead of reduce-adding a 32 KB fp32 dQ tile; the 
 ``BlockSparseDq64Sm90`` sums dQ = scale * sum_j dS_ij K_j from them in registers. The pair slots
 (``adapters/cute_sm90_bwd64_split.chunk_slots``: one Triton launch) are part of the split's time and also
 timed alone (``slots``); ``split`` runs the heads in chunks whose workspace fits the adapter's
-cap, ``split_prebuilt`` in one chunk with the slots prebuilt. One q group (the ``ds_out`` build's limit). Rows: per case the
+cap, ``split_prebuilt`` in one chunk with the slots prebuilt, ``split_<variant>`` as ``split`` with another
+build of the dQ kernel (``--dq-variants``, e.g. ``s3c3p8``: its L2 prefetch of dS 8 tiles ahead). One q group (the ``ds_out`` build's limit). Rows: per case the
 per-round ratio of cuDNN's time to each entry's, the max relative difference of dq/dk/dv from cuDNN's.
 
     python benchmarks/explore_ds_split.py --cases 32768 grid 65536 --rounds 3 --out results/x.json
@@ -16,12 +17,24 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
+
+def dq_variant(name: str) -> dict:
+    """``s<stages>c<ctas per SM>[p<prefetch>]`` -> the dQ kernel's configuration."""
+    m = re.fullmatch(r"s(\d)c(\d)(?:p(\d+))?", name)
+    if m is None:
+        raise SystemExit(f"--dq-variants: expected s<stages>c<ctas>[p<prefetch>], got {name!r}")
+    cfg = {"stages": int(m.group(1)), "ctas_per_sm": int(m.group(2))}
+    if m.group(3):
+        cfg["prefetch"] = int(m.group(3))
+    return cfg
+
 
 def main(argv=None) -> int:
     import torch
@@ -40,9 +53,12 @@ def main(argv=None) -> int:
     p.add_argument("--rep", type=int, default=50)
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--cases", nargs="+", default=["32768", "grid", "65536"])
-    p.add_argument("--dq-stages", type=int, default=3)
+    p.add_argument("--dq-variants", nargs="*", default=[],
+                   help="more split entries, each with another dQ kernel build: s<stages>c<ctas per SM>[p<prefetch>], "
+                        "e.g. s3c3p8 (entry split_s3c3p8; the adapter's DQ_CONFIG is the entry split)")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
+    variants = {name: dq_variant(name) for name in args.dq_variants}
     rows = []
     for name in args.cases:
         case, q, k, v, do, sizes, kidx, knum, meta, o, lse = backward_case(name)
@@ -69,16 +85,20 @@ def main(argv=None) -> int:
 
         def split_prebuilt():
             return sm90_block_sparse_bwd64_split(q, k, v, o, do, lse_c, qidx, qnum, kidx, knum, sizes,
-                                                 dq_stages=args.dq_stages, slots=prebuilt, workspace_cap=1 << 40)
+                                                 slots=prebuilt, workspace_cap=1 << 40)
 
         def split():
-            return sm90_block_sparse_bwd64_split(q, k, v, o, do, lse_c, qidx, qnum, kidx, knum, sizes,
-                                                 dq_stages=args.dq_stages)
+            return sm90_block_sparse_bwd64_split(q, k, v, o, do, lse_c, qidx, qnum, kidx, knum, sizes)
+
+        def variant(cfg):
+            return lambda: sm90_block_sparse_bwd64_split(q, k, v, o, do, lse_c, qidx, qnum, kidx, knum, sizes,
+                                                         dq_config=cfg)
 
         entries = {"cudnn": cudnn, "route": route, "split": split, "split_prebuilt": split_prebuilt, "slots": slots}
+        entries.update({f"split_{name}": variant(cfg) for name, cfg in variants.items()})
         ref = [t.clone() for t in cudnn()]
         err, finite = {}, {}
-        for key in ("route", "split", "split_prebuilt"):
+        for key in [e for e in entries if e not in ("cudnn", "slots")]:
             got = entries[key]()
             torch.cuda.synchronize()
             err[key] = {n: ((g.float() - r.float()).abs().max() / r.float().abs().max()).item()
@@ -87,11 +107,13 @@ def main(argv=None) -> int:
         rerun = split()[0]
         again = split()[0]
         bitwise_dq = bool(torch.equal(rerun, again))
+        same_as_split = {f"split_{n}": all(bool(torch.equal(a, b)) for a, b in zip(entries[f"split_{n}"](), split()))
+                         for n in variants}  # another dQ build: the same bits, or not
         med, times = bench_rounds(entries, args)
         ratio = round_ratios(times, "cudnn")
         row = {"case": name, "seqlen": s, "pairs": pairs, "workspace_gb": pairs * 8192 / 1e9, "ms_median": med,
                "ms_rounds": times, "round_ratio_vs_cudnn": ratio, "max_rel_diff_vs_cudnn": err, "finite": finite,
-               "split_dq_bitwise_run_to_run": bitwise_dq}
+               "split_dq_bitwise_run_to_run": bitwise_dq, "variant_bitwise_equal_split": same_as_split}
         rows.append(row)
         print(json.dumps(row), flush=True)
         del case

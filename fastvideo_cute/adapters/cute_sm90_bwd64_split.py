@@ -32,12 +32,14 @@ from .cute_sm100_bwd import sm100_bwd64_common_stages, work_order
 from .cute_sm90_bwd64 import sm90_bwd64_support
 from .cute_sm90_bwd64_ws import group_bounds
 
-__all__ = ["SPLIT_MAIN_CONFIG", "WORKSPACE_CAP", "head_chunks", "pair_chunks", "pair_slots",
+__all__ = ["DQ_CONFIG", "SPLIT_MAIN_CONFIG", "WORKSPACE_CAP", "head_chunks", "pair_chunks", "pair_slots",
            "sm90_block_sparse_bwd64_split", "sm90_bwd64_split_support"]
 
 #: the main kernel's build: the route's (``backends/sm90_backend._BWD_WS_CONFIG``) with ``ds_out``
 SPLIT_MAIN_CONFIG = {"narrow_dq": True, "p_stages": 2, "flat_dq": True, "zero_pad_v": True, "ticket_dkv": True,
                      "tma_dkv": True, "ds_out": True, "grouped": False}
+#: the dQ kernel's build (``BlockSparseDq64Sm90``'s configuration)
+DQ_CONFIG = {"stages": 3, "ctas_per_sm": 3}
 DS_TILE_ELEMS = BLOCK * BLOCK
 #: the dS workspace's bytes at most (one (batch, head) sequence's, if that is more): the heads run in
 #: chunks that fit it
@@ -116,7 +118,7 @@ def sm90_bwd64_split_support(q, k, v, out, dout, lse, q2k_idx, q2k_num, k2q_idx,
 
 
 def sm90_block_sparse_bwd64_split(q, k, v, out, dout, lse, q2k_idx, q2k_num, k2q_idx, k2q_num, kv_block_sizes,
-                                  sm_scale: Optional[float] = None, dq_stages: int = 3, slots=None,
+                                  sm_scale: Optional[float] = None, dq_config: Optional[dict] = None, slots=None,
                                   workspace_cap: int = WORKSPACE_CAP, seq_pairs=None):
     """``(dq, dk, dv)`` by the split chain (module docstring): preprocess, then per chunk of (batch,
     head) sequences whose dS workspace fits ``workspace_cap`` bytes (:func:`head_chunks`; the bound is the
@@ -124,11 +126,14 @@ def sm90_block_sparse_bwd64_split(q, k, v, out, dout, lse, q2k_idx, q2k_num, k2q
     and kv blocks alike, ``kv_block_sizes`` for both), BHSD, bf16, head_dim 128. ``slots``:
     :func:`pair_slots`'s result for these lists, if the caller has it (one chunk only). ``seq_pairs``:
     each (batch, head) sequence's pair count (``q2k_num`` summed; host ints, exact), if the caller has
-    it: the workspace and the chunks are sized by it (:func:`pair_chunks`) instead of the width. Raises
+    it: the workspace and the chunks are sized by it (:func:`pair_chunks`) instead of the width.
+    ``dq_config``: the dQ kernel's configuration (default :data:`DQ_CONFIG`; a bad one raises the
+    kernel's ``ValueError``, before any launch). Raises
     ``ValueError`` naming the reason, before any launch, when :func:`sm90_bwd64_split_support` refuses."""
     ok, reason = sm90_bwd64_split_support(q, k, v, out, dout, lse, q2k_idx, q2k_num, k2q_idx, k2q_num, kv_block_sizes)
     if not ok:
         raise ValueError(f"sm90_block_sparse_bwd64_split: {reason}")
+    dq_maker = _kernels.sm90_dq_from_ds_kernel(**(DQ_CONFIG if dq_config is None else dq_config))
     if sm_scale is None:
         sm_scale = HEAD_DIM**-0.5
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
@@ -153,7 +158,7 @@ def sm90_block_sparse_bwd64_split(q, k, v, out, dout, lse, q2k_idx, q2k_num, k2q
                                        zero_dq=False)  # the ds_out build never touches dq_accum
     ws = torch.empty(ws_pairs * DS_TILE_ELEMS, dtype=torch.bfloat16, device=q.device)
     main = _kernels.sm90_ws_main_kernel(**SPLIT_MAIN_CONFIG).compile("sm_90a")
-    dq_kernel = _kernels.sm90_dq_from_ds_kernel(stages=dq_stages).compile("sm_90a")
+    dq_kernel = dq_maker.compile("sm_90a")
     vbs = kv_block_sizes.to(torch.int32).contiguous()
 
     def rows(t, h0, h1):  # a chunk's 2-D row view
