@@ -7,7 +7,7 @@ tile (8 KB) in q-owned order instead of reduce-adding a 32 KB fp32 dQ tile; the 
 (``adapters/cute_sm90_bwd64_split.chunk_slots``: one Triton launch) are part of the split's time and also
 timed alone (``slots``); ``split`` runs the heads in chunks whose workspace fits the adapter's
 cap, ``split_prebuilt`` in one chunk with the slots prebuilt, ``split_<variant>`` as ``split`` with another
-build of the dQ kernel (``--dq-variants``, e.g. ``s3c3p8``: its L2 prefetch of dS 8 tiles ahead). One q group (the ``ds_out`` build's limit). Rows: per case the
+build of the dQ kernel (``--dq-variants``, e.g. ``s4c2``: four ring slots, two CTAs per SM). One q group (the ``ds_out`` build's limit). Rows: per case the
 per-round ratio of cuDNN's time to each entry's, the max relative difference of dq/dk/dv from cuDNN's.
 
     python benchmarks/explore_ds_split.py --cases 32768 grid 65536 --rounds 3 --out results/x.json
@@ -26,14 +26,11 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 def dq_variant(name: str) -> dict:
-    """``s<stages>c<ctas per SM>[p<prefetch>]`` -> the dQ kernel's configuration."""
-    m = re.fullmatch(r"s(\d)c(\d)(?:p(\d+))?", name)
+    """``s<stages>c<ctas per SM>`` -> the dQ kernel's configuration."""
+    m = re.fullmatch(r"s(\d)c(\d)", name)
     if m is None:
-        raise SystemExit(f"--dq-variants: expected s<stages>c<ctas>[p<prefetch>], got {name!r}")
-    cfg = {"stages": int(m.group(1)), "ctas_per_sm": int(m.group(2))}
-    if m.group(3):
-        cfg["prefetch"] = int(m.group(3))
-    return cfg
+        raise SystemExit(f"--dq-variants: expected s<stages>c<ctas>, got {name!r}")
+    return {"stages": int(m.group(1)), "ctas_per_sm": int(m.group(2))}
 
 
 def main(argv=None) -> int:
@@ -54,8 +51,8 @@ def main(argv=None) -> int:
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--cases", nargs="+", default=["32768", "grid", "65536"])
     p.add_argument("--dq-variants", nargs="*", default=[],
-                   help="more split entries, each with another dQ kernel build: s<stages>c<ctas per SM>[p<prefetch>], "
-                        "e.g. s3c3p8 (entry split_s3c3p8; the adapter's DQ_CONFIG is the entry split)")
+                   help="more split entries, each with another dQ kernel build: s<stages>c<ctas per SM>, "
+                        "e.g. s4c2 (entry split_s4c2; the adapter's DQ_CONFIG is the entry split)")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     variants = {name: dq_variant(name) for name in args.dq_variants}

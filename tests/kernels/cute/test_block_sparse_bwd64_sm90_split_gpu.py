@@ -55,13 +55,10 @@ def test_split_matches_the_fp32_reference(case):
     assert torch.equal(dk, rk) and torch.equal(dv, rv), "dk/dv: the route's kernel path"
 
 
-@pytest.mark.parametrize("cfg", [dict(stages=3, ctas_per_sm=3, prefetch=4), dict(stages=3, ctas_per_sm=3, prefetch=64),
-                                 dict(stages=4, ctas_per_sm=2, prefetch=8), dict(stages=2, ctas_per_sm=3)],
-                         ids=["s3c3p4", "s3c3p64", "s4c2p8", "s2c3"])
+@pytest.mark.parametrize("cfg", [dict(stages=4, ctas_per_sm=2), dict(stages=2, ctas_per_sm=3)], ids=["s4c2", "s2c3"])
 def test_other_dq_builds_give_the_same_bits(cfg):
-    """The dQ kernel's ring depth, CTAs per SM and L2 prefetch change when bytes arrive, never the sum's
-    order: dq/dk/dv equal the default build's bit for bit (ragged NaN/Inf padding, an empty q row, lists
-    shorter and longer than the prefetch distance)."""
+    """The dQ kernel's ring depth and CTAs per SM change when bytes arrive, never the sum's order: dq/dk/dv
+    equal the default build's bit for bit (ragged NaN/Inf padding, an empty q row)."""
     q, k, v, do, idx, num, vbs, pad = make_case(nb=12, topk=5, batch=2, heads=3, excluded=(3,), empty_q=(0, 5), seed=7)
     o, lse, rdq, rdk, rdv = reference(q, k, v, do, idx, num, vbs)
     kidx, knum = invert_indices(idx, num, vbs.numel())

@@ -24,32 +24,10 @@ def test_dq_kernel_compiles_to_one_wgmma_group_fed_by_tma_and_a_bulk_copy():
     assert re.findall(r"HGMMA\.(\d+x\d+x\d+)\.F32\.BF16 R\d+, gdesc", report.sass) == ["64x128x16"] * 4
     assert len(re.findall(r"UBLKCP\.S\.G ", report.sass)) == 1  # the dS tile, global -> shared
     assert report.count("UTMALDG") >= 1 and report.count("REDG") == 0
-    assert report.count("UBLKPF") == 0  # no L2 prefetch unless asked for
-
-
-def test_prefetch_build_asks_the_l2_for_ds_tiles_ahead():
-    """``prefetch``: one L2 prefetch of the first tiles before the loop and one a step (two sites), the
-    wgmma group and the bulk copy as in the default build, no spill, the same register budget."""
-    from functools import partial
-
-    from fastvideo_cute.compile_check import build_report
-    from fastvideo_cute.kernels.cute import CuteKernelSpec
-    from fastvideo_cute.kernels.cute.block_sparse_bwd64 import sm90_dq_from_ds_kernel
-
-    spec = CuteKernelSpec(name="block_sparse_dq64_sm90", archs=("sm_90a",),
-                          make=partial(sm90_dq_from_ds_kernel, prefetch=8), expect=("HGMMA", "UTMALDG", "UBLKCP", "UBLKPF"))
-    report = build_report(spec, "sm_90a")
-    print(report.line)
-    assert report.ok and report.spill == 0 and report.regs <= 65536 // 480, report.line
-    assert len(re.findall(r"UBLKPF\.L2 \[UR\d+\], UR\d+", report.sass)) == 2
-    assert re.findall(r"HGMMA\.(\d+x\d+x\d+)\.F32\.BF16 R\d+, gdesc", report.sass) == ["64x128x16"] * 4
-    assert len(re.findall(r"UBLKCP\.S\.G ", report.sass)) == 1
 
 
 @pytest.mark.parametrize("bad, match", [(dict(stages=1), "stages"), (dict(ctas_per_sm=4), "ctas_per_sm"),
-                                        (dict(stages=4, ctas_per_sm=3), "shared memory"),
-                                        (dict(prefetch=-1), "prefetch"), (dict(prefetch=65), "prefetch"),
-                                        (dict(prefetch=2.0), "prefetch")])
+                                        (dict(stages=4, ctas_per_sm=3), "shared memory")])
 def test_bad_configuration_is_refused(bad, match):
     from fastvideo_cute.kernels.cute.block_sparse_bwd64 import sm90_dq_from_ds_kernel
 

@@ -21,13 +21,6 @@ producer; ``stages`` deep ring of (K tile 16 KB, dS tile 8 KB) slots on one TMA 
                s - 1 is released once step s's group is issued and s - 1's has retired
     epilogue   dq rows = bf16(acc * sm_scale), rows with lse == -inf exactly 0 (the postprocess's rule)
 
-``prefetch`` (a configuration, 0 = off): the dS tiles come from DRAM (the workspace outgrows the L2 at
-any useful size), so the ring's few slots bound how many bytes are in flight. With ``prefetch = p`` the
-producer also asks the L2 for the item's tiles ``p`` steps ahead (``cp.async.bulk.prefetch.L2``: one
-hint of ``min(p, num)`` tiles before the loop, then one tile a step; a q block's tiles are contiguous),
-so the ring's bulk copies find them in the L2. A hint only: the same bytes are read, the result is the
-same bits.
-
 Constraints: head_dim 128, bf16, 64-row tiles; ``K``, ``dq`` 2-D row views ``[R, 128]`` (``R`` =
 items x 64 of the padded tile layout), ``dS`` a flat bf16 vector of 4096-element tiles, lists
 int32 ``[items, width]`` (entries past ``num`` never read), ``off`` int32 ``[items]``.
@@ -48,7 +41,7 @@ from quack import layout_utils
 
 from fastvideo_cute.jit import CuteKernel, fake_matrix, fake_stream, fake_vector
 
-from ..common.bulk import bulk_copy_g2s, bulk_prefetch_l2
+from ..common.bulk import bulk_copy_g2s
 from ..common.tma import tma_row_tiles
 from ..common.wgmma import wgmma_gemm
 from .limits import BLOCK, HEAD_DIM
@@ -59,7 +52,6 @@ WG = 128
 THREADS = WG + 32  # one MMA warpgroup + the producer warp
 DS_TILE_ELEMS = BLOCK * BLOCK  # bf16 elements of one stored dS tile (8 KB)
 ZERO_SYNC = 1  # named barrier: K's padded rows zeroed by the warpgroup
-MAX_PREFETCH = 64  # (``prefetch``) dS tiles asked of the L2 ahead of the ring, at most (512 KB a CTA)
 
 
 class BlockSparseDq64Sm90(CuteKernel):
@@ -68,22 +60,19 @@ class BlockSparseDq64Sm90(CuteKernel):
 
     name = "block_sparse_dq64_sm90"
 
-    def __init__(self, stages: int = 3, ctas_per_sm: int = 3, prefetch: int = 0):
+    def __init__(self, stages: int = 3, ctas_per_sm: int = 3):
         if stages not in (2, 3, 4):
             raise ValueError(f"stages must be 2, 3 or 4, got {stages}")
         if ctas_per_sm not in (1, 2, 3):
             raise ValueError(f"ctas_per_sm must be 1, 2 or 3, got {ctas_per_sm}")
-        if not (isinstance(prefetch, int) and 0 <= prefetch <= MAX_PREFETCH):
-            raise ValueError(f"prefetch must be an int in 0..{MAX_PREFETCH} (dS tiles ahead), got {prefetch!r}")
         need = ctas_per_sm * (stages * (BLOCK * HEAD_DIM * 2 + DS_TILE_ELEMS * 2) + 2048)
         if need > 228 * 1024:
             raise ValueError(f"stages={stages} at {ctas_per_sm} CTAs per SM need {need} B of shared memory")
-        self.stages, self.ctas_per_sm, self.prefetch = int(stages), int(ctas_per_sm), int(prefetch)
+        self.stages, self.ctas_per_sm = int(stages), int(ctas_per_sm)
         self.dtype = cutlass.BFloat16
 
     def config(self):
-        return {"stages": self.stages, "ctas_per_sm": self.ctas_per_sm,
-                **({"prefetch": self.prefetch} if self.prefetch else {})}
+        return {"stages": self.stages, "ctas_per_sm": self.ctas_per_sm}
 
     @cute.jit
     def __call__(self, mK: cute.Tensor, mdS: cute.Tensor, mdQ: cute.Tensor, mLSE: cute.Tensor, mIdx: cute.Tensor,
@@ -138,22 +127,13 @@ class BlockSparseDq64Sm90(CuteKernel):
         if warp_idx == 4:
             tKsK, tKgK = tma_row_tiles(tma_atom_K, mK, sK, (BLOCK, HEAD_DIM))
             state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
-            ds_base = mdS.iterator + cutlass.Int64(off) * DS_TILE_ELEMS
-            if const_expr(self.prefetch > 0):
-                if num > 0:
-                    with cute.arch.elect_one():
-                        bulk_prefetch_l2(ds_base, cutlass.min(num, Int32(self.prefetch)) * ds_bytes)
             for s in cutlass.range(num, unroll=1):
                 j = mIdx[item, s]
-                if const_expr(self.prefetch > 0):
-                    if s + self.prefetch < num:
-                        with cute.arch.elect_one():
-                            bulk_prefetch_l2(ds_base + cutlass.Int64(s + self.prefetch) * DS_TILE_ELEMS, ds_bytes)
                 st = state.index
                 pipe.producer_acquire(state)
                 cute.copy(tma_atom_K, tKgK[None, bh * nq + j], tKsK[None, st], tma_bar_ptr=pipe.producer_get_barrier(state))
                 with cute.arch.elect_one():
-                    bulk_copy_g2s(ds_base + cutlass.Int64(s) * DS_TILE_ELEMS, storage.sdS.data_ptr() + st * DS_TILE_ELEMS,
+                    bulk_copy_g2s(mdS.iterator + cutlass.Int64(off + s) * DS_TILE_ELEMS, storage.sdS.data_ptr() + st * DS_TILE_ELEMS,
                                   pipe.producer_get_barrier(state), ds_bytes)
                 state.advance()
         else:

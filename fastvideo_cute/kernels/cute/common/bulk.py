@@ -8,7 +8,7 @@ from cutlass import Int32
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import dsl_user_op
 
-__all__ = ["bulk_reduce_add_f32", "bulk_copy_g2s", "bulk_copy_s2g", "bulk_prefetch_l2"]
+__all__ = ["bulk_reduce_add_f32", "bulk_copy_g2s", "bulk_copy_s2g"]
 
 
 @dsl_user_op
@@ -57,22 +57,6 @@ def bulk_copy_s2g(smem_ptr: cute.Pointer, gmem_ptr: cute.Pointer, num_bytes, *, 
         [gmem_ptr.llvm_ptr, smem_ptr.toint(loc=loc, ip=ip).ir_value(), Int32(num_bytes).ir_value()],
         "cp.async.bulk.global.shared::cta.bulk_group [$0], [$1], $2;",
         "l,r,r",
-        has_side_effects=True,
-        is_align_stack=False,
-        asm_dialect=llvm.AsmDialect.AD_ATT,
-    )
-
-
-@dsl_user_op
-def bulk_prefetch_l2(gmem_ptr: cute.Pointer, num_bytes, *, loc=None, ip=None):
-    """``cp.async.bulk.prefetch.L2.global``: a hint that ``num_bytes`` (a multiple of 16, the address
-    16-byte aligned) of global memory be brought into the L2 by the TMA unit; nothing waits for it and
-    nothing is written (a later load of those bytes finds them in the L2, or goes to memory as usual)."""
-    llvm.inline_asm(
-        None,
-        [gmem_ptr.llvm_ptr, Int32(num_bytes).ir_value()],
-        "cp.async.bulk.prefetch.L2.global [$0], $1;",
-        "l,r",
         has_side_effects=True,
         is_align_stack=False,
         asm_dialect=llvm.AsmDialect.AD_ATT,
