@@ -7,7 +7,8 @@ tile (8 KB) in q-owned order instead of reduce-adding a 32 KB fp32 dQ tile; the 
 (``adapters/cute_sm90_bwd64_split.chunk_slots``: one Triton launch) are part of the split's time and also
 timed alone (``slots``); ``split`` runs the heads in chunks whose workspace fits the adapter's
 cap, ``split_prebuilt`` in one chunk with the slots prebuilt, ``split_<variant>`` as ``split`` with another
-build of the dQ kernel (``--dq-variants``, e.g. ``s4c2``: four ring slots, two CTAs per SM). One q group (the ``ds_out`` build's limit). Rows: per case the
+build of the dQ kernel (``--dq-variants``, e.g. ``s4c2``: four ring slots, two CTAs per SM), ``split_g<v>`` with
+the main kernel's lists split by q group (``--q-groups``, e.g. ``auto``). One q group otherwise. Rows: per case the
 per-round ratio of cuDNN's time to each entry's, the max relative difference of dq/dk/dv from cuDNN's.
 
     python benchmarks/explore_ds_split.py --cases 32768 grid 65536 --rounds 3 --out results/x.json
@@ -53,9 +54,13 @@ def main(argv=None) -> int:
     p.add_argument("--dq-variants", nargs="*", default=[],
                    help="more split entries, each with another dQ kernel build: s<stages>c<ctas per SM>, "
                         "e.g. s4c2 (entry split_s4c2; the adapter's DQ_CONFIG is the entry split)")
+    p.add_argument("--q-groups", nargs="*", default=[],
+                   help="more split entries with the main kernel's k2q lists split by q group: 'auto' (the route's "
+                        "rule, cute_sm90_bwd64_ws.default_groups) or q blocks per group (entry split_g<value>)")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     variants = {name: dq_variant(name) for name in args.dq_variants}
+    groups = [g if g == "auto" else int(g) for g in args.q_groups]
     rows = []
     for name in args.cases:
         case, q, k, v, do, sizes, kidx, knum, meta, o, lse = backward_case(name)
@@ -93,6 +98,12 @@ def main(argv=None) -> int:
 
         entries = {"cudnn": cudnn, "route": route, "split": split, "split_prebuilt": split_prebuilt, "slots": slots}
         entries.update({f"split_{name}": variant(cfg) for name, cfg in variants.items()})
+
+        def grouped(g):
+            return lambda: sm90_block_sparse_bwd64_split(q, k, v, o, do, lse_c, qidx, qnum, kidx, knum, sizes,
+                                                         q_groups=g)
+
+        entries.update({f"split_g{g}": grouped(g) for g in groups})
         ref = [t.clone() for t in cudnn()]
         err, finite = {}, {}
         for key in [e for e in entries if e not in ("cudnn", "slots")]:
@@ -106,6 +117,8 @@ def main(argv=None) -> int:
         bitwise_dq = bool(torch.equal(rerun, again))
         same_as_split = {f"split_{n}": all(bool(torch.equal(a, b)) for a, b in zip(entries[f"split_{n}"](), split()))
                          for n in variants}  # another dQ build: the same bits, or not
+        same_as_split.update({f"split_g{g}_dq": bool(torch.equal(entries[f"split_g{g}"]()[0], split()[0]))
+                              for g in groups})  # q groups: dq the same bits (dk/dv: ticket order)
         med, times = bench_rounds(entries, args)
         ratio = round_ratios(times, "cudnn")
         row = {"case": name, "seqlen": s, "pairs": pairs, "workspace_gb": pairs * 8192 / 1e9, "ms_median": med,

@@ -11,7 +11,7 @@ reduction, no postprocess. The cost is a workspace of 8 KB a pair, sized by the 
 without a device sync (3.2 GB at 32,768 tokens, B = 1, H = 12, 87.5 % sparse, lists as wide as top-k),
 the heads in chunks that fit ``WORKSPACE_CAP``; both kernels address it through its base pointer (the
 tensors passed are its first elements: its length can pass the int32 range of a tensor argument's
-shape). One q group (the ``ds_out`` build's limit); the slots by one Triton launch
+shape). One q group unless ``q_groups`` asks for more; the slots by one Triton launch
 (``kernels/triton/pair_slots``) or torch ops.
 Inputs as :func:`cute_sm90_bwd64.sm90_block_sparse_bwd64`'s, plus the q2k lists (ascending).
 """
@@ -23,14 +23,14 @@ from typing import Optional, Tuple
 import torch
 
 from fastvideo_cute.kernels.cute import block_sparse_bwd64 as _kernels  # names and limits only: no CuTe import
-from fastvideo_cute.kernels.cute.block_sparse_bwd64.limits import BLOCK, HEAD_DIM
+from fastvideo_cute.kernels.cute.block_sparse_bwd64.limits import BLOCK, HEAD_DIM, TICKET_COUNTERS
 
 from fastvideo_cute.kernels.triton.pair_slots import pair_slots_triton
 
 from ._checks import check_block_lists
 from .cute_sm100_bwd import sm100_bwd64_common_stages, work_order
 from .cute_sm90_bwd64 import sm90_bwd64_support
-from .cute_sm90_bwd64_ws import group_bounds
+from .cute_sm90_bwd64_ws import default_groups, device_name, group_bounds
 
 __all__ = ["DQ_CONFIG", "SPLIT_MAIN_CONFIG", "WORKSPACE_CAP", "head_chunks", "pair_chunks", "pair_slots",
            "sm90_block_sparse_bwd64_split", "sm90_bwd64_split_support"]
@@ -119,7 +119,7 @@ def sm90_bwd64_split_support(q, k, v, out, dout, lse, q2k_idx, q2k_num, k2q_idx,
 
 def sm90_block_sparse_bwd64_split(q, k, v, out, dout, lse, q2k_idx, q2k_num, k2q_idx, k2q_num, kv_block_sizes,
                                   sm_scale: Optional[float] = None, dq_config: Optional[dict] = None, slots=None,
-                                  workspace_cap: int = WORKSPACE_CAP, seq_pairs=None):
+                                  workspace_cap: int = WORKSPACE_CAP, seq_pairs=None, q_groups=None):
     """``(dq, dk, dv)`` by the split chain (module docstring): preprocess, then per chunk of (batch,
     head) sequences whose dS workspace fits ``workspace_cap`` bytes (:func:`head_chunks`; the bound is the
     lists' width, no device sync) the main kernel (``ds_out``) and the dQ kernel. Self-attention layout (q
@@ -128,8 +128,17 @@ def sm90_block_sparse_bwd64_split(q, k, v, out, dout, lse, q2k_idx, q2k_num, k2q
     each (batch, head) sequence's pair count (``q2k_num`` summed; host ints, exact), if the caller has
     it: the workspace and the chunks are sized by it (:func:`pair_chunks`) instead of the width.
     ``dq_config``: the dQ kernel's configuration (default :data:`DQ_CONFIG`; a bad one raises the
-    kernel's ``ValueError``, before any launch). Raises
+    kernel's ``ValueError``, before any launch). ``q_groups``: None (one q group: each kv block's CTA walks
+    its whole k2q list), ``"auto"`` (:func:`cute_sm90_bwd64_ws.default_groups`, the route's rule) or the
+    q blocks per group; with several groups the main kernel's CTAs that run together read one head's q
+    group (as the route's), the group that finishes a kv block last writes its dk/dv rows (``ticket_dkv``:
+    dk/dv are then not bitwise run to run; dq is, and equals the one-group chain's), and the workspace
+    and the slots' buffer hold the ticket's part first. Raises
     ``ValueError`` naming the reason, before any launch, when :func:`sm90_bwd64_split_support` refuses."""
+    if not (q_groups is None or (isinstance(q_groups, str) and q_groups == "auto")
+            or (isinstance(q_groups, int) and not isinstance(q_groups, bool) and q_groups > 0)):
+        raise ValueError(f"sm90_block_sparse_bwd64_split: q_groups must be None, 'auto' or a positive int, "
+                         f"got {q_groups!r}")
     ok, reason = sm90_bwd64_split_support(q, k, v, out, dout, lse, q2k_idx, q2k_num, k2q_idx, k2q_num, kv_block_sizes)
     if not ok:
         raise ValueError(f"sm90_block_sparse_bwd64_split: {reason}")
@@ -152,11 +161,20 @@ def sm90_block_sparse_bwd64_split(q, k, v, out, dout, lse, q2k_idx, q2k_num, k2q
                              f"got {len(seq_pairs)}")
         chunks = pair_chunks(seq_pairs, workspace_cap)
         ws_pairs = max(1, max(sum(seq_pairs[h0:h1]) for h0, h1 in chunks))
+    if q_groups == "auto":
+        group_blocks, min_blocks = default_groups(nb, device_name(q.device.index if q.device.index is not None
+                                                                   else torch.cuda.current_device()))
+    else:
+        group_blocks, min_blocks = q_groups, 0
     if slots is not None and len(chunks) > 1:
         raise ValueError("sm90_block_sparse_bwd64_split: prebuilt slots need one chunk")
     common = sm100_bwd64_common_stages(out, dout, lse, k2q_num, kv_block_sizes, dk=dk, dv=dv, with_order=False,
                                        zero_dq=False)  # the ds_out build never touches dq_accum
-    ws = torch.empty(ws_pairs * DS_TILE_ELEMS, dtype=torch.bfloat16, device=q.device)
+    several = group_blocks is not None and group_blocks < nb and nb >= min_blocks  # group_bounds' rule
+    if slots is not None and several:
+        raise ValueError("sm90_block_sparse_bwd64_split: prebuilt slots need one q group (q_groups=None)")
+    ticket = max(h1 - h0 for h0, h1 in chunks) * nb * 4 * BLOCK * HEAD_DIM if several else 0  # bf16 elements
+    ws = torch.empty(ticket + ws_pairs * DS_TILE_ELEMS, dtype=torch.bfloat16, device=q.device)
     main = _kernels.sm90_ws_main_kernel(**SPLIT_MAIN_CONFIG).compile("sm_90a")
     dq_kernel = dq_maker.compile("sm_90a")
     vbs = kv_block_sizes.to(torch.int32).contiguous()
@@ -169,8 +187,13 @@ def sm90_block_sparse_bwd64_split(q, k, v, out, dout, lse, q2k_idx, q2k_num, k2q
     for h0, h1 in chunks:
         items = (h1 - h0) * nb
         qi, qn, ki, kn = q2k_i[h0:h1], q2k_n[h0:h1], k2q_i[h0:h1], k2q_n[h0:h1]
-        qoff, slot = chunk_slots(qi, qn, ki, kn, nb) if slots is None else slots
-        kidx, gb = group_bounds(ki, kn, nb, None)  # one q group: the lists as given, gb = [0, num]
+        kidx, gb = group_bounds(ki, kn, nb, group_blocks, min_blocks)  # each row's entries by q group
+        qoff, slot = chunk_slots(qi, qn, kidx.reshape(h1 - h0, nb, -1), kn, nb) if slots is None else slots
+        slot = slot.reshape(-1)
+        ds = ws
+        if gb.shape[1] > 2:  # the ticket's counters (zeroed) and workspace first (the main kernel's layout)
+            slot = torch.cat([torch.zeros(items * TICKET_COUNTERS, dtype=torch.int32, device=q.device), slot])
+            ds = ws[items * 4 * BLOCK * HEAD_DIM:]
         knum = kn.reshape(items).contiguous()
         qidx, qnum = qi.reshape(items, -1).contiguous(), qn.reshape(items).contiguous()
         order = work_order(knum, nb)
@@ -180,7 +203,7 @@ def sm90_block_sparse_bwd64_split(q, k, v, out, dout, lse, q2k_idx, q2k_num, k2q
             main(rows(q, h0, h1), rows(k, h0, h1), rows(v, h0, h1), rows(dout, h0, h1), rows(dk, h0, h1),
                  rows(dv, h0, h1), rows(common["dq_accum"], h0, h1), rows(common["lse2"], h0, h1),
                  rows(common["delta"], h0, h1), kidx, knum, vbs, order, gb, ws.view(torch.float32)[:4],
-                 slot.view(-1), float(sm_scale))
-            dq_kernel(rows(k, h0, h1), ws[:DS_TILE_ELEMS], rows(dq, h0, h1), rows(lse, h0, h1), qidx, qnum,
+                 slot, float(sm_scale))
+            dq_kernel(rows(k, h0, h1), ds[:DS_TILE_ELEMS], rows(dq, h0, h1), rows(lse, h0, h1), qidx, qnum,
                       qoff, vbs, float(sm_scale))
     return dq, dk, dv

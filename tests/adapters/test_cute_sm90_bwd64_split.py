@@ -101,3 +101,11 @@ def test_bad_input_is_refused_before_any_launch(bad, match):
     assert not ok and match in reason, reason
     with pytest.raises(ValueError, match=f"sm90_block_sparse_bwd64_split: .*{match}"):
         sm90_block_sparse_bwd64_split(**args)
+
+
+@pytest.mark.parametrize("q_groups", [0, -512, True, 2.0, "two"])
+def test_bad_q_groups_is_refused_by_name(q_groups):
+    from fastvideo_cute.adapters.cute_sm90_bwd64_split import sm90_block_sparse_bwd64_split
+
+    with pytest.raises(ValueError, match="q_groups must be None, 'auto' or a positive int"):
+        sm90_block_sparse_bwd64_split(**_cpu_call(), q_groups=q_groups)

@@ -55,6 +55,34 @@ def test_split_matches_the_fp32_reference(case):
     assert torch.equal(dk, rk) and torch.equal(dv, rv), "dk/dv: the route's kernel path"
 
 
+@pytest.mark.parametrize("case, q_groups, cap", [
+    (dict(nb=16, topk=6, batch=2, heads=3, excluded=(3,), empty_q=(0, 9), seed=11), 4, S.WORKSPACE_CAP),
+    (dict(nb=16, topk=6, batch=2, heads=3, seed=12), 5, 1),  # uneven groups, one sequence a chunk
+    (dict(nb=12, topk=12, seed=13), 6, S.WORKSPACE_CAP),  # every kv block in both groups
+], ids=["groups4", "groups5_chunks", "dense_groups6"])
+def test_q_groups_match_the_fp32_reference(case, q_groups, cap):
+    """``q_groups``: each kv block's k2q list split over q groups (one CTA each; the last to finish writes
+    dk/dv from the ticket workspace), the dS slots and counters laid out after the ticket's part. Against
+    the fp32 reference (ragged NaN/Inf padding, kv blocks nobody selects, empty q rows); dq the one-group
+    chain's bits (dS per pair does not depend on the grouping), dk/dv within rounding of it."""
+    q, k, v, do, idx, num, vbs, pad = make_case(**case)
+    o, lse, rdq, rdk, rdv = reference(q, k, v, do, idx, num, vbs)
+    kidx, knum = invert_indices(idx, num, vbs.numel())
+    dq, dk, dv = S.sm90_block_sparse_bwd64_split(q, k, v, o, do, lse, idx, num, kidx, knum, vbs, workspace_cap=cap,
+                                                 q_groups=q_groups)
+    one = S.sm90_block_sparse_bwd64_split(q, k, v, o, do, lse, idx, num, kidx, knum, vbs, workspace_cap=cap)
+    torch.cuda.synchronize()
+    for name, got, ref in (("dq", dq, rdq), ("dk", dk, rdk), ("dv", dv, rdv)):
+        check_close(name, got, ref)
+    assert (dk[..., pad, :] == 0).all() and (dv[..., pad, :] == 0).all(), "padded key rows"
+    assert torch.equal(dq, one[0]), "dq: the one-group chain's bits"
+    # the same fp32 parts summed in another order, then rounded to bf16 once: at most one bf16 ulp apart
+    # (2^-8 of the element, so of the tensor's max), checked at 2^-7 for headroom
+    for name, got, want in (("dk", dk, one[1]), ("dv", dv, one[2])):
+        err = (got.float() - want.float()).abs().max().item() / want.float().abs().max().item()
+        assert err <= 2 ** -7, (name, err)
+
+
 @pytest.mark.parametrize("cfg", [dict(stages=4, ctas_per_sm=2), dict(stages=2, ctas_per_sm=3)], ids=["s4c2", "s2c3"])
 def test_other_dq_builds_give_the_same_bits(cfg):
     """The dQ kernel's ring depth and CTAs per SM change when bytes arrive, never the sum's order: dq/dk/dv

@@ -271,7 +271,8 @@ def test_ds_out_stores_ds_tiles_instead_of_reducing_dq():
     assert inflight_operand_writes(report.sass) == [], report.line
 
 
-@pytest.mark.parametrize("bad", [dict(ds_out=True), dict(ds_out=True, flat_dq=True, dq_stages=2)])
+@pytest.mark.parametrize("bad", [dict(ds_out=True), dict(ds_out=True, flat_dq=True, dq_stages=2),
+                                 dict(ds_out=True, flat_dq=True, grouped=True)])
 def test_ds_out_needs_flat_dq_and_one_staging_buffer(bad):
     from fastvideo_cute.kernels.cute.block_sparse_bwd64 import sm90_ws_main_kernel
 

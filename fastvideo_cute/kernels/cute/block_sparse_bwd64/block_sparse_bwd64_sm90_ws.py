@@ -64,7 +64,7 @@ from ..common.wgmma import wgmma_gemm
 from .block_sparse_bwd64_common import main_fake_args
 from .last_arrival import add_rows_last_arrival, group_parts
 from .pointwise import dscores_t, probs_t
-from .limits import BLOCK, HEAD_DIM
+from .limits import BLOCK, HEAD_DIM, TICKET_COUNTERS
 
 __all__ = ["BlockSparseBwd64Sm90Ws", "THREADS", "smem_bytes"]
 
@@ -145,11 +145,12 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
         two-byte ones; ``tma_dkv`` (not with ``grouped``): each warp writes its 16 bf16 rows by stmatrix
         into a swizzled tile (dK: K's, free once WG2 left its loop; dV: a 16 KB buffer of its own, so
         WG1 waits on no one) and two TMA tensor stores of 16 x 64 pieces; ``ds_out`` (the split
-        backward of ``adapters/cute_sm90_bwd64_split``; needs ``flat_dq``, one q group): no dQ GEMM
+        backward of ``adapters/cute_sm90_bwd64_split``; needs ``flat_dq``, and ``ticket_dkv`` with q groups): no dQ GEMM
         and no reduction into ``dq_accum`` (given, unused): the store warp bulk-stores each step's bf16 dS
         tile (8 KB, the swizzled image WG2 writes by stmatrix) into the workspace at ``mWs`` (its base
         pointer; 8 KB tiles) at the slot ``mTk[item * width + t]`` (int32, the caller's q-owned order), and
-        ``BlockSparseDq64Sm90`` sums dQ from them."""
+        ``BlockSparseDq64Sm90`` sums dQ from them; with q groups both buffers hold the ticket's part first
+        (``ds_store``)."""
         for name, v in (("p_stages", p_stages), ("dq_stages", dq_stages)):
             if v not in (1, MAX_STAGES):
                 raise ValueError(f"{name} must be 1 or {MAX_STAGES}, got {v}")
@@ -173,6 +174,8 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
         self.ds_out = bool(ds_out)
         if self.ds_out and not (self.flat_dq and self.dq_stages == 1):
             raise ValueError("ds_out needs flat_dq and dq_stages=1")
+        if self.ds_out and self.grouped:
+            raise ValueError("ds_out hands dk/dv over by ticket_dkv with q groups: it cannot be combined with grouped")
         if self.tma_dkv and self.grouped:
             raise ValueError("tma_dkv stores bf16 dk/dv rows: it cannot be combined with grouped")
         if self.ticket_dkv and self.grouped:
@@ -315,7 +318,7 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
                                   base, count, tile_bytes)
                 if warp_idx == 1:
                     if const_expr(self.ds_out):
-                        self.ds_store(mWs, mIdx, mTk, storage, item, base, count)
+                        self.ds_store(mWs, mIdx, mTk, mGB, storage, item, base, count)
                     elif const_expr(self.flat_dq):
                         self.dq_store_flat(mdQaccum, mIdx, storage, item, bh, nb, base, count)
                     else:
@@ -403,20 +406,27 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
             cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     @cute.jit
-    def ds_store(self, mWs, mIdx, mTk, storage, item, base, count):
-        """``ds_out`` (the split backward, one q group only): lane 0 bulk-stores each step's dS tile (8 KB, the
-        swizzled image) into the workspace ``mWs`` (fp32-typed, viewed as 8 KB tiles) at tile
-        ``mTk[item * width + base + t]`` (the pair's slot in q-owned order, written by the caller)."""
+    def ds_store(self, mWs, mIdx, mTk, mGB, storage, item, base, count):
+        """``ds_out`` (the split backward): lane 0 bulk-stores each step's dS tile (8 KB, the swizzled image)
+        into the dS workspace (8 KB tiles) at tile ``slots[item * width + base + t]`` (the pair's slot in
+        q-owned order, written by the caller). One q group: the workspace is ``mWs`` itself and the slots
+        ``mTk``. Several (``ticket_dkv``'s dk/dv hand-over needs both buffers): ``mWs`` holds the ticket
+        workspace (``2 * items * 64 * 128`` fp32) and then the dS tiles, ``mTk`` the zeroed counters
+        (``items * TICKET_COUNTERS`` int32) and then the slots."""
         lane = cute.arch.lane_idx()
         width = cute.size(mIdx.shape[1])
+        items = cute.size(mGB.shape[0])
+        several = cutlass.min(cute.size(mGB.shape[1]) - 2, Int32(1))  # 1 with q groups, else 0
+        slot0 = several * items * TICKET_COUNTERS + item * width + base  # this CTA's first slot in mTk
+        ds_base = mWs.iterator + cutlass.Int64(several) * cutlass.Int64(items) * (2 * BLOCK * HEAD_DIM)
         for t in cutlass.range(count, unroll=1):
-            slot = mTk[item * width + base + t]
+            slot = mTk[slot0 + t]
             if lane == 0:
                 cute.arch.cp_async_bulk_wait_group(0, read=True)
             cute.arch.barrier_arrive(barrier_id=DQ_FREE, number_of_threads=WG + 32)
             cute.arch.barrier(barrier_id=DQ_FULL, number_of_threads=WG + 32)
             if lane == 0:
-                bulk_copy_s2g(storage.sdS.data_ptr(), mWs.iterator + cutlass.Int64(slot) * (BLOCK * BLOCK // 2), BLOCK * BLOCK * 2)
+                bulk_copy_s2g(storage.sdS.data_ptr(), ds_base + cutlass.Int64(slot) * (BLOCK * BLOCK // 2), BLOCK * BLOCK * 2)
                 cute.arch.cp_async_bulk_commit_group()
         if lane == 0:
             cute.arch.cp_async_bulk_wait_group(0, read=True)
