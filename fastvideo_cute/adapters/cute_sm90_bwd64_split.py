@@ -41,6 +41,8 @@ SPLIT_MAIN_CONFIG = {"narrow_dq": True, "p_stages": 2, "flat_dq": True, "zero_pa
 #: the dQ kernel's build (``BlockSparseDq64Sm90``'s configuration)
 DQ_CONFIG = {"stages": 3, "ctas_per_sm": 3}
 DS_TILE_ELEMS = BLOCK * BLOCK
+#: bf16 elements of the workspace that ``ticket_dkv`` takes per kv block with q groups (its fp32 dK and dV parts)
+TICKET_ELEMS = 2 * BLOCK * HEAD_DIM * 2
 #: the dS workspace's bytes at most (one (batch, head) sequence's, if that is more): the heads run in
 #: chunks that fit it
 WORKSPACE_CAP = 4 << 30
@@ -170,10 +172,13 @@ def sm90_block_sparse_bwd64_split(q, k, v, out, dout, lse, q2k_idx, q2k_num, k2q
         raise ValueError("sm90_block_sparse_bwd64_split: prebuilt slots need one chunk")
     common = sm100_bwd64_common_stages(out, dout, lse, k2q_num, kv_block_sizes, dk=dk, dv=dv, with_order=False,
                                        zero_dq=False)  # the ds_out build never touches dq_accum
-    several = group_blocks is not None and group_blocks < nb and nb >= min_blocks  # group_bounds' rule
+    q2k_i, k2q_i = (t.to(torch.int32).reshape(bh, nb, -1) for t in (q2k_idx, k2q_idx))
+    q2k_n, k2q_n = (t.to(torch.int32).reshape(bh, nb) for t in (q2k_num, k2q_num))
+    grouped = [group_bounds(k2q_i[h0:h1], k2q_n[h0:h1], nb, group_blocks, min_blocks) for h0, h1 in chunks]
+    several = any(gb.shape[1] > 2 for _, gb in grouped)  # each row's entries split by q group
     if slots is not None and several:
         raise ValueError("sm90_block_sparse_bwd64_split: prebuilt slots need one q group (q_groups=None)")
-    ticket = max(h1 - h0 for h0, h1 in chunks) * nb * 4 * BLOCK * HEAD_DIM if several else 0  # bf16 elements
+    ticket = max(h1 - h0 for h0, h1 in chunks) * nb * TICKET_ELEMS if several else 0
     ws = torch.empty(ticket + ws_pairs * DS_TILE_ELEMS, dtype=torch.bfloat16, device=q.device)
     main = _kernels.sm90_ws_main_kernel(**SPLIT_MAIN_CONFIG).compile("sm_90a")
     dq_kernel = dq_maker.compile("sm_90a")
@@ -182,18 +187,15 @@ def sm90_block_sparse_bwd64_split(q, k, v, out, dout, lse, q2k_idx, q2k_num, k2q
     def rows(t, h0, h1):  # a chunk's 2-D row view
         return t.reshape(bh, -1)[h0:h1].reshape(-1, d) if t.dim() == 4 else t.reshape(bh, -1)[h0:h1].reshape(-1)
 
-    q2k_i, k2q_i = (t.to(torch.int32).reshape(bh, nb, -1) for t in (q2k_idx, k2q_idx))
-    q2k_n, k2q_n = (t.to(torch.int32).reshape(bh, nb) for t in (q2k_num, k2q_num))
-    for h0, h1 in chunks:
+    for (h0, h1), (kidx, gb) in zip(chunks, grouped):
         items = (h1 - h0) * nb
-        qi, qn, ki, kn = q2k_i[h0:h1], q2k_n[h0:h1], k2q_i[h0:h1], k2q_n[h0:h1]
-        kidx, gb = group_bounds(ki, kn, nb, group_blocks, min_blocks)  # each row's entries by q group
+        qi, qn, kn = q2k_i[h0:h1], q2k_n[h0:h1], k2q_n[h0:h1]
         qoff, slot = chunk_slots(qi, qn, kidx.reshape(h1 - h0, nb, -1), kn, nb) if slots is None else slots
         slot = slot.reshape(-1)
         ds = ws
         if gb.shape[1] > 2:  # the ticket's counters (zeroed) and workspace first (the main kernel's layout)
             slot = torch.cat([torch.zeros(items * TICKET_COUNTERS, dtype=torch.int32, device=q.device), slot])
-            ds = ws[items * 4 * BLOCK * HEAD_DIM:]
+            ds = ws[items * TICKET_ELEMS:]
         knum = kn.reshape(items).contiguous()
         qidx, qnum = qi.reshape(items, -1).contiguous(), qn.reshape(items).contiguous()
         order = work_order(knum, nb)
