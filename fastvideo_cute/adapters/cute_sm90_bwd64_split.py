@@ -30,35 +30,22 @@ from fastvideo_cute.kernels.triton.pair_slots import pair_slots_triton
 from ._checks import check_block_lists
 from .cute_sm100_bwd import sm100_bwd64_common_stages, work_order
 from .cute_sm90_bwd64 import sm90_bwd64_support
-from .cute_sm90_bwd64_ws import GROUP_BLOCKS_DEFAULT, GROUP_MIN_BLOCKS, group_bounds
+from .cute_sm90_bwd64_ws import default_groups, device_name, group_bounds
 
-__all__ = ["DQ_CONFIG", "SPLIT_GROUPS", "SPLIT_MAIN_CONFIG", "WORKSPACE_CAP", "head_chunks", "pair_chunks", "pair_slots",
+__all__ = ["DQ_CONFIG", "SPLIT_MAIN_CONFIG", "WORKSPACE_CAP", "head_chunks", "pair_chunks", "pair_slots",
            "sm90_block_sparse_bwd64_split", "sm90_bwd64_split_support"]
 
 #: the main kernel's build: the route's (``backends/sm90_backend._BWD_WS_CONFIG``) with ``ds_out``
 SPLIT_MAIN_CONFIG = {"narrow_dq": True, "p_stages": 2, "flat_dq": True, "zero_pad_v": True, "ticket_dkv": True,
                      "tma_dkv": True, "ds_out": True, "grouped": False}
-#: the dQ kernel's build (``BlockSparseDq64Sm90``'s configuration, its defaults): a 4-slot ring at two CTAs
-#: per SM. Measured on an H100 (2026-12-07, thirty-first session, benchmarks/results/bwd64_split_h100_s31{a,b}.json,
-#: two runs of three rotated rounds, the chain through this adapter, per-round ratio to cuDNN's blk64
-#: backward): 1.193x / 1.191x at 32,768 tokens, 1.130x / 1.108x on the Wan-1.3B grid, 1.083x / 1.092x at
-#: 65,536 against the 3-slot ring at three CTAs per SM's 1.180x / 1.178x, 1.090x / 1.095x, and 0.935x /
-#: 0.960x (that entry's 65,536 rounds were slow in both runs; with its slots prebuilt in one chunk
-#: 1.061x / 1.094x). The same bits either way (the order of the sum does not depend on the ring).
-DQ_CONFIG = {"stages": 4, "ctas_per_sm": 2}
+#: the dQ kernel's build (``BlockSparseDq64Sm90``'s configuration)
+DQ_CONFIG = {"stages": 3, "ctas_per_sm": 3}
 DS_TILE_ELEMS = BLOCK * BLOCK
 #: bf16 elements of the workspace that ``ticket_dkv`` takes per kv block with q groups (its fp32 dK and dV parts)
 TICKET_ELEMS = 2 * BLOCK * HEAD_DIM * 2
 #: the dS workspace's bytes at most (one (batch, head) sequence's, if that is more): the heads run in
 #: chunks that fit it
 WORKSPACE_CAP = 4 << 30
-#: ``q_groups="auto"``: groups of GROUP_BLOCKS_DEFAULT q blocks from GROUP_MIN_BLOCKS blocks on (the
-#: route's H200 rule), on every GPU. Measured on an H100 (the same runs as DQ_CONFIG, 3-slot dQ ring): at
-#: 65,536 tokens (1024 blocks, two groups) 1.092x / 1.104x cuDNN's blk64 backward, the best entry in both
-#: runs; two groups at 624 blocks (the route's H100 pair rule, the Wan-1.3B grid) 1.058x / 1.041x against
-#: one group's 1.090x / 1.095x: without dq_accum the split's one head of Q and dO (26 MB there) stays in
-#: the L2, so the pair rule is not taken.
-SPLIT_GROUPS = (GROUP_BLOCKS_DEFAULT, GROUP_MIN_BLOCKS)
 #: the slots by one Triton launch on CUDA (``kernels/triton/pair_slots``), else by :func:`pair_slots`
 _TRITON_SLOTS = True
 
@@ -144,7 +131,7 @@ def sm90_block_sparse_bwd64_split(q, k, v, out, dout, lse, q2k_idx, q2k_num, k2q
     it: the workspace and the chunks are sized by it (:func:`pair_chunks`) instead of the width.
     ``dq_config``: the dQ kernel's configuration (default :data:`DQ_CONFIG`; a bad one raises the
     kernel's ``ValueError``, before any launch). ``q_groups``: None (one q group: each kv block's CTA walks
-    its whole k2q list), ``"auto"`` (:data:`SPLIT_GROUPS`: 512-block groups from 768 blocks on) or the
+    its whole k2q list), ``"auto"`` (:func:`cute_sm90_bwd64_ws.default_groups`, the route's rule) or the
     q blocks per group; with several groups the main kernel's CTAs that run together read one head's q
     group (as the route's), the group that finishes a kv block last writes its dk/dv rows (``ticket_dkv``:
     dk/dv are then not bitwise run to run; dq is, and equals the one-group chain's), and the workspace
@@ -177,7 +164,8 @@ def sm90_block_sparse_bwd64_split(q, k, v, out, dout, lse, q2k_idx, q2k_num, k2q
         chunks = pair_chunks(seq_pairs, workspace_cap)
         ws_pairs = max(1, max(sum(seq_pairs[h0:h1]) for h0, h1 in chunks))
     if q_groups == "auto":
-        group_blocks, min_blocks = SPLIT_GROUPS
+        group_blocks, min_blocks = default_groups(nb, device_name(q.device.index if q.device.index is not None
+                                                                   else torch.cuda.current_device()))
     else:
         group_blocks, min_blocks = q_groups, 0
     if slots is not None and len(chunks) > 1:

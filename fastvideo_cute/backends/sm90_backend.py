@@ -114,10 +114,6 @@ _SPLIT_MAX_DENSITY = 0.5
 # reduce-add chain: dK/dV bitwise equal) passed (tests/logs/h100_2026-12-07_s28_split_maps_cf144a0.log),
 # and the map route's backward went from the reduce-add chain's rate to the lists' (table v35 there).
 _SPLIT_MAPS = True
-# The split's q groups (``cute_sm90_bwd64_split.SPLIT_GROUPS``: 512-block groups from 768 q blocks on, so
-# 65,536 tokens runs two groups, 32,768 and the Wan-1.3B grid one): measured on an H100 (2026-12-07,
-# thirty-first session, bwd64_split_h100_s31{a,b}.json) as the best split entry at 65,536 tokens in both runs.
-_SPLIT_Q_GROUPS = "auto"
 
 
 def _split_plan(sparsity: BlockSparsity) -> Tuple[bool, Optional[List[int]]]:
@@ -313,7 +309,7 @@ class Sm90Backend:
 
             q2k_idx, q2k_num = sp.q2k()
             grads = sm90_block_sparse_bwd64_split(*args, q2k_idx, q2k_num, k2q_idx, k2q_num, kv_block_sizes,
-                                                  sm_scale=sm_scale, seq_pairs=seq_pairs, q_groups=_SPLIT_Q_GROUPS)
+                                                  sm_scale=sm_scale, seq_pairs=seq_pairs)
         else:
             grads = sm90_block_sparse_bwd64(*args, k2q_idx, k2q_num, kv_block_sizes, sm_scale=sm_scale, main="ws",
                                             ws_config=dict(_BWD_WS_CONFIG))

@@ -192,7 +192,7 @@ def test_backward_runs_the_split_chain_for_narrow_lists(monkeypatch):
     lse = torch.randn(b, h, s)
     sizes = torch.full((nb,), 64, dtype=torch.int32)
     dq, dk, dv = Sm90Backend().backward(q, k, v, out, dout, lse, sp, sizes, block_size=64, bshd=True, sm_scale=0.5)
-    assert seen["shape"] == torch.Size([b, h, s, d]) and seen["kw"] == dict(sm_scale=0.5, seq_pairs=None, q_groups="auto")
+    assert seen["shape"] == torch.Size([b, h, s, d]) and seen["kw"] == dict(sm_scale=0.5, seq_pairs=None)
     assert torch.equal(seen["q2k"][0], idx) and torch.equal(seen["k2q"][0], sp.k2q()[0])
     for g, x, f in ((dq, q, 2), (dk, k, 3), (dv, v, 4)):
         assert g.shape == x.shape and torch.equal(g, x * f)
