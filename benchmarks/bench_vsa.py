@@ -114,6 +114,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rounds", type=int, default=1,
                    help="measure every entry of a case this many times, interleaved (routes then peers, "
                         "round after round), and report the median: run-to-run drift hits every entry alike")
+    p.add_argument("--settle", type=float, default=0.5,
+                   help="seconds between two entries, after a device sync and torch.cuda.empty_cache(), so that "
+                        "no entry inherits the one before it (H100 tables v30-v38: the entry run right after "
+                        "FastVideo's was 3 %% slower on average, up to 28 %% in one round; 0 turns it off)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--name", default=None, help="result name (default: vsa_<gpu>_<time>)")
     p.add_argument("--out", default=None, help="JSON path (default: benchmarks/results/<name>.json)")
@@ -219,6 +223,9 @@ def merge_rounds(results: List[dict]) -> List[dict]:
         med = times[n // 2] if n % 2 else 0.5 * (times[n // 2 - 1] + times[n // 2])
         r = dict(rows[0])
         r["ms"], r["ms_rounds"] = med, [x["ms"] for x in rows]
+        if any("after" in x for x in rows):
+            r["after_rounds"] = [x.get("after") for x in rows]
+        r.pop("after", None)
         r["tflops"], r["effective_tflops"] = tflops(r["flops"], med), tflops(r["effective_flops"], med)
         out.append(r)
     return out
@@ -946,6 +953,20 @@ def _import_fastvideo():
     return fastvideo_kernel
 
 
+def settle(seconds: float) -> None:
+    """Between two entries: wait for the device, return the cached blocks to the driver, sleep
+    ``seconds`` (nothing when 0). Without it the entry timed right after FastVideo's ran 3 % slower on
+    average in the H100 tables v30-v38 (up to 28 % in one round) while the same entry timed first in a
+    round did not (``after_rounds`` records each round's predecessor)."""
+    import torch
+
+    if seconds <= 0:
+        return
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    time.sleep(seconds)
+
+
 def round_order(routes: List[str], peers: List[str], rnd: int) -> List[tuple]:
     """The entries of round ``rnd``: routes then peers, rotated by ``rnd`` so that over the rounds
     every entry runs in every position (a fixed order gave the later entries of a round a warmer,
@@ -975,14 +996,20 @@ def run_benchmark(args) -> dict:
             for sparsity in args.sparsity:
                 case = Case(args, seqlen, block, sparsity, "cuda", tile=tile)
                 for mode in args.modes:
+                    prev = None  # the entry that ran just before (recorded per round: ``after_rounds``)
                     for rnd in range(max(1, args.rounds)):
                         for kind, entry in round_order(args.routes, args.peers, rnd):
+                            settle(args.settle)
+                            n0 = len(runner.results)
                             if kind == "peer":
                                 runner.run_peer(entry, case, mode)
                             elif entry == "sm120":
                                 runner.run_sm120(case, mode)
                             else:
                                 runner.run_route(entry, case, mode)
+                            for r in runner.results[n0:]:
+                                r["after"] = prev
+                            prev = entry
                 del case
                 torch.cuda.empty_cache()
     runner.results = merge_rounds(runner.results)

@@ -337,3 +337,20 @@ def test_rounds_rotate_the_entry_order(bench):
         assert sorted(o[pos] for o in orders) == sorted(entries)
     assert bench.round_order(routes, peers, len(entries)) == entries
     assert bench.round_order([], [], 3) == []
+
+
+def test_rounds_keep_each_rounds_predecessor_and_entries_settle_by_default(bench, monkeypatch):
+    """``after_rounds``: the entry that ran just before, per round (the H100 tables showed the entry
+    after FastVideo's slower); ``--settle`` defaults to 0.5 s between entries and 0 skips the device
+    calls altogether (this test has no GPU: a call would raise)."""
+    assert bench.parse_args([]).settle == 0.5 and bench.parse_args(["--settle", "0"]).settle == 0.0
+    row = dict(kind="route", name="default", mode="bwd", seqlen=32768, block_size=64, sparsity=0.875, status="ok",
+               flops=1e12, effective_flops=1e12)
+    merged = bench.merge_rounds([dict(row, ms=1.0, after=None), dict(row, ms=1.3, after="fastvideo"),
+                                 dict(row, ms=1.1, after="cudnn-bsa")])
+    assert len(merged) == 1 and merged[0]["after_rounds"] == [None, "fastvideo", "cudnn-bsa"]
+    assert "after" not in merged[0] and merged[0]["ms"] == 1.1
+    slept = []
+    monkeypatch.setattr(bench.time, "sleep", slept.append)
+    bench.settle(0)
+    assert slept == []
