@@ -120,15 +120,20 @@ def bench_rounds(fns, args):
     run (``benchmarks/results/fwd64_sm90_h200_v4.json``: the default pipeline at 1.553 ms, the
     identical ``c2`` build at 1.459 ms). Each round starts one entry later than the last (the GPU's
     clock drifts over a run: cuDNN's entry measured 1.42 to 1.63 ms over three rounds of one run,
-    ``fwd64_sm90_h200_v8.json``); :func:`round_ratios` compares entries round by round."""
+    ``fwd64_sm90_h200_v8.json``); :func:`round_ratios` compares entries round by round. Every entry
+starts settled (``bench_vsa.settle``, ``args.settle`` seconds, 0.5 without it): in the H100 tables the
+entry timed right after another heavy one ran up to 28 % slower in a round."""
     import statistics
 
     from triton.testing import do_bench
+
+    from bench_vsa import settle  # sync, empty_cache and a pause between entries (bench_vsa --settle)
 
     times = {name: [] for name in fns}
     names = list(fns)
     for r in range(args.rounds):  # each round starts one entry later: no entry is always first
         for name in names[r % len(names):] + names[:r % len(names)]:
+            settle(getattr(args, "settle", 0.5))
             times[name].append(do_bench(fns[name], warmup=args.warmup, rep=args.rep))
     return {name: statistics.median(ts) for name, ts in times.items()}, times
 

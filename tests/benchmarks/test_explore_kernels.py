@@ -63,3 +63,24 @@ def test_kv_working_set_lists_are_valid_q2k_lists_within_their_range(fraction, l
     assert (idx[..., 1:] > idx[..., :-1]).all() and idx.min() >= 0 and idx.max() < span
     if fraction == 1.0:
         assert idx.unique().numel() == 40
+
+
+def test_bench_rounds_settles_before_every_entry_and_rotates(explore, monkeypatch):
+    """``bench_rounds``: every entry settled first (``bench_vsa.settle`` with ``args.settle``, 0.5 s when
+    the script has no such argument), each round one entry later; the timer is stubbed (no GPU here)."""
+    import types
+
+    import bench_vsa
+    import triton.testing
+
+    calls = []
+    monkeypatch.setattr(bench_vsa, "settle", lambda s: calls.append(("settle", s)))
+    monkeypatch.setattr(triton.testing, "do_bench", lambda fn, warmup, rep: calls.append(("time", fn())) or 1.0)
+    fns = {"a": lambda: "a", "b": lambda: "b"}
+    med, times = explore.bench_rounds(fns, types.SimpleNamespace(rounds=2, warmup=1, rep=1))
+    assert calls == [("settle", 0.5), ("time", "a"), ("settle", 0.5), ("time", "b"),
+                     ("settle", 0.5), ("time", "b"), ("settle", 0.5), ("time", "a")]
+    assert med == {"a": 1.0, "b": 1.0} and times == {"a": [1.0, 1.0], "b": [1.0, 1.0]}
+    calls.clear()
+    explore.bench_rounds({"a": fns["a"]}, types.SimpleNamespace(rounds=1, warmup=1, rep=1, settle=0))
+    assert calls == [("settle", 0), ("time", "a")]
