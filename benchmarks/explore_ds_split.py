@@ -92,18 +92,12 @@ def main(argv=None) -> int:
         def split():
             return sm90_block_sparse_bwd64_split(q, k, v, o, do, lse_c, qidx, qnum, kidx, knum, sizes)
 
-        def variant(cfg):
-            return lambda: sm90_block_sparse_bwd64_split(q, k, v, o, do, lse_c, qidx, qnum, kidx, knum, sizes,
-                                                         dq_config=cfg)
+        def split_with(**kw):  # the split with one more adapter argument (a dQ build, q groups)
+            return lambda: sm90_block_sparse_bwd64_split(q, k, v, o, do, lse_c, qidx, qnum, kidx, knum, sizes, **kw)
 
         entries = {"cudnn": cudnn, "route": route, "split": split, "split_prebuilt": split_prebuilt, "slots": slots}
-        entries.update({f"split_{name}": variant(cfg) for name, cfg in variants.items()})
-
-        def grouped(g):
-            return lambda: sm90_block_sparse_bwd64_split(q, k, v, o, do, lse_c, qidx, qnum, kidx, knum, sizes,
-                                                         q_groups=g)
-
-        entries.update({f"split_g{g}": grouped(g) for g in groups})
+        entries.update({f"split_{name}": split_with(dq_config=cfg) for name, cfg in variants.items()})
+        entries.update({f"split_g{g}": split_with(q_groups=g) for g in groups})
         ref = [t.clone() for t in cudnn()]
         err, finite = {}, {}
         for key in [e for e in entries if e not in ("cudnn", "slots")]:

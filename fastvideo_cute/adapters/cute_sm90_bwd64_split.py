@@ -23,7 +23,7 @@ from typing import Optional, Tuple
 import torch
 
 from fastvideo_cute.kernels.cute import block_sparse_bwd64 as _kernels  # names and limits only: no CuTe import
-from fastvideo_cute.kernels.cute.block_sparse_bwd64.limits import BLOCK, HEAD_DIM, TICKET_COUNTERS
+from fastvideo_cute.kernels.cute.block_sparse_bwd64.limits import BLOCK, HEAD_DIM, TICKET_COUNTERS, TICKET_WS_FLOATS
 
 from fastvideo_cute.kernels.triton.pair_slots import pair_slots_triton
 
@@ -42,7 +42,7 @@ SPLIT_MAIN_CONFIG = {"narrow_dq": True, "p_stages": 2, "flat_dq": True, "zero_pa
 DQ_CONFIG = {"stages": 3, "ctas_per_sm": 3}
 DS_TILE_ELEMS = BLOCK * BLOCK
 #: bf16 elements of the workspace that ``ticket_dkv`` takes per kv block with q groups (its fp32 dK and dV parts)
-TICKET_ELEMS = 2 * BLOCK * HEAD_DIM * 2
+TICKET_ELEMS = 2 * TICKET_WS_FLOATS
 #: the dS workspace's bytes at most (one (batch, head) sequence's, if that is more): the heads run in
 #: chunks that fit it
 WORKSPACE_CAP = 4 << 30

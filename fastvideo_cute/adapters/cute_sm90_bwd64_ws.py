@@ -24,7 +24,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from fastvideo_cute.kernels.cute.block_sparse_bwd64.limits import BLOCK, HEAD_DIM, TICKET_COUNTERS
+from fastvideo_cute.kernels.cute.block_sparse_bwd64.limits import HEAD_DIM, TICKET_COUNTERS, TICKET_WS_FLOATS
 
 from fastvideo_cute.kernels.triton.q_group_lists import MAX_GROUPS, q_group_lists
 
@@ -143,7 +143,7 @@ def run_ws_chain(compiled, q, k, v, out, dout, lse, k2q_idx, k2q_num, kv_block_s
     else:
         dk_out, dv_out = dk, dv
     if ticket_dkv and grouped:
-        ws = torch.empty(2 * items * BLOCK * HEAD_DIM, dtype=torch.float32, device=q.device)
+        ws = torch.empty(items * TICKET_WS_FLOATS, dtype=torch.float32, device=q.device)
         tk = torch.zeros(items * TICKET_COUNTERS, dtype=torch.int32, device=q.device)
     else:  # not read
         ws = torch.empty(4, dtype=torch.float32, device=q.device)

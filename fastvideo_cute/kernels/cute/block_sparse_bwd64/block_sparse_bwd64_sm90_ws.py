@@ -64,7 +64,7 @@ from ..common.wgmma import wgmma_gemm
 from .block_sparse_bwd64_common import main_fake_args
 from .last_arrival import add_rows_last_arrival, group_parts
 from .pointwise import dscores_t, probs_t
-from .limits import BLOCK, HEAD_DIM, TICKET_COUNTERS
+from .limits import BLOCK, HEAD_DIM, TICKET_COUNTERS, TICKET_WS_FLOATS
 
 __all__ = ["BlockSparseBwd64Sm90Ws", "THREADS", "smem_bytes"]
 
@@ -418,7 +418,7 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
         items = cute.size(mGB.shape[0])
         several = cutlass.min(cute.size(mGB.shape[1]) - 2, Int32(1))  # 1 with q groups, else 0
         slot0 = several * items * TICKET_COUNTERS + item * width + base  # this CTA's first slot in mTk
-        ds_base = mWs.iterator + cutlass.Int64(several) * cutlass.Int64(items) * (2 * BLOCK * HEAD_DIM)
+        ds_base = mWs.iterator + cutlass.Int64(several) * cutlass.Int64(items) * TICKET_WS_FLOATS
         for t in cutlass.range(count, unroll=1):
             slot = mTk[slot0 + t]
             if lane == 0:

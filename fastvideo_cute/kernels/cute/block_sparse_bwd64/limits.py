@@ -11,6 +11,8 @@ HEAD_DIM = 128
 #: int32 counters per kv block item of the warp-specialized Hopper kernel's ``ticket_dkv`` (``last_arrival``):
 #: [2 tensors (dK, dV), 4 warps, (ticket, done)]
 TICKET_COUNTERS = 2 * 4 * 2
+#: fp32 elements per kv block item of ``ticket_dkv``'s workspace (its partial dK and dV tiles, 64 x 128 each)
+TICKET_WS_FLOATS = 2 * BLOCK * HEAD_DIM
 
 # Grid x of the common stages is B*H*S/64 and row indices are int32; the k2q list is addressed
 # with int32 offsets.
