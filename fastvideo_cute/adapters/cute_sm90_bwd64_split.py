@@ -38,8 +38,13 @@ __all__ = ["DQ_CONFIG", "SPLIT_MAIN_CONFIG", "WORKSPACE_CAP", "head_chunks", "pa
 #: the main kernel's build: the route's (``backends/sm90_backend._BWD_WS_CONFIG``) with ``ds_out``
 SPLIT_MAIN_CONFIG = {"narrow_dq": True, "p_stages": 2, "flat_dq": True, "zero_pad_v": True, "ticket_dkv": True,
                      "tma_dkv": True, "ds_out": True, "grouped": False}
-#: the dQ kernel's build (``BlockSparseDq64Sm90``'s configuration)
-DQ_CONFIG = {"stages": 3, "ctas_per_sm": 3}
+#: the dQ kernel's build (``BlockSparseDq64Sm90``'s configuration, its defaults): a 4-slot ring at two CTAs
+#: per SM. Measured on H100s through this adapter against cuDNN's blk64 backward in the same rounds
+#: (benchmarks/results/bwd64_split_h100_s31{a,b,c}.json, s32a.json; s32a's entries settled, five rounds):
+#: against the 3-slot ring at three CTAs per SM, +1.1 / +1.1 / -2.0 / +2.8 % at 32,768 tokens, +3.7 / +1.2 /
+#: -3.2 / +1.8 % on the Wan-1.3B grid, +15.8 / +13.7 / +5.1 / -0.4 % at 65,536 (a, b, c unsettled). The same
+#: bits either way (the order of the sum does not depend on the ring).
+DQ_CONFIG = {"stages": 4, "ctas_per_sm": 2}
 DS_TILE_ELEMS = BLOCK * BLOCK
 #: bf16 elements of the workspace that ``ticket_dkv`` takes per kv block with q groups (its fp32 dK and dV parts)
 TICKET_ELEMS = 2 * TICKET_WS_FLOATS

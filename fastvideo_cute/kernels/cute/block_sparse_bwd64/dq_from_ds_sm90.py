@@ -60,7 +60,8 @@ class BlockSparseDq64Sm90(CuteKernel):
 
     name = "block_sparse_dq64_sm90"
 
-    def __init__(self, stages: int = 3, ctas_per_sm: int = 3):
+    def __init__(self, stages: int = 4, ctas_per_sm: int = 2):
+        # defaults: the split chain's build (adapters/cute_sm90_bwd64_split.DQ_CONFIG, measured there)
         if stages not in (2, 3, 4):
             raise ValueError(f"stages must be 2, 3 or 4, got {stages}")
         if ctas_per_sm not in (1, 2, 3):
