@@ -9,7 +9,8 @@ timed alone (``slots``); ``split`` runs the heads in chunks whose workspace fits
 cap, ``split_prebuilt`` in one chunk with the slots prebuilt, ``split_<variant>`` as ``split`` with another
 build of the dQ kernel (``--dq-variants``, e.g. ``s4c2``: four ring slots, two CTAs per SM), ``split_g<v>`` with
 the main kernel's lists split by q group (``--q-groups``, e.g. ``auto``), ``split_<variant>_g<v>`` both
-(``--cross``). One q group otherwise. Rows: per case the
+(``--cross``), ``split_cap<GiB>`` with another workspace cap (``--caps``: smaller chunks of heads). One q group
+otherwise. Rows: per case the
 per-round ratio of cuDNN's time to each entry's, the max relative difference of dq/dk/dv from cuDNN's.
 
     python benchmarks/explore_ds_split.py --cases 32768 grid 65536 --rounds 3 --out results/x.json
@@ -58,6 +59,9 @@ def main(argv=None) -> int:
     p.add_argument("--q-groups", nargs="*", default=[],
                    help="more split entries with the main kernel's k2q lists split by q group: 'auto' (the route's "
                         "rule, cute_sm90_bwd64_ws.default_groups) or q blocks per group (entry split_g<value>)")
+    p.add_argument("--caps", nargs="*", type=float, default=[],
+                   help="more split entries with another workspace cap, in GiB (entry split_cap<value>; the adapter's "
+                        "WORKSPACE_CAP is the entry split): the heads run in chunks whose dS workspace fits it")
     p.add_argument("--cross", action="store_true",
                    help="also every dQ build with every q-group value (entry split_<variant>_g<value>)")
     p.add_argument("--out", default=None)
@@ -101,6 +105,7 @@ def main(argv=None) -> int:
         entries = {"cudnn": cudnn, "route": route, "split": split, "split_prebuilt": split_prebuilt, "slots": slots}
         entries.update({f"split_{name}": split_with(dq_config=cfg) for name, cfg in variants.items()})
         entries.update({f"split_g{g}": split_with(q_groups=g) for g in groups})
+        entries.update({f"split_cap{c:g}": split_with(workspace_cap=int(c * (1 << 30))) for c in args.caps})
         if args.cross:
             entries.update({f"split_{name}_g{g}": split_with(dq_config=cfg, q_groups=g)
                             for name, cfg in variants.items() for g in groups})
