@@ -9,7 +9,7 @@ timed alone (``slots``); ``split`` runs the heads in chunks whose workspace fits
 cap, ``split_prebuilt`` in one chunk with the slots prebuilt, ``split_<variant>`` as ``split`` with another
 build of the dQ kernel (``--dq-variants``, e.g. ``s4c2``: four ring slots, two CTAs per SM), ``split_g<v>`` with
 the main kernel's lists split by q group (``--q-groups``, e.g. ``auto``), ``split_<variant>_g<v>`` both
-(``--cross``), ``split_cap<GiB>`` with another workspace cap (``--caps``: smaller chunks of heads). One q group
+(``--cross``), ``split_l2ds`` / ``split_l2dsk`` with L2 cache hints (``--hints``), ``split_cap<GiB>`` with another workspace cap (``--caps``: smaller chunks of heads). One q group
 otherwise. Rows: per case the
 per-round ratio of cuDNN's time to each entry's, the max relative difference of dq/dk/dv from cuDNN's.
 
@@ -62,6 +62,9 @@ def main(argv=None) -> int:
     p.add_argument("--caps", nargs="*", type=float, default=[],
                    help="more split entries with another workspace cap, in GiB (entry split_cap<value>; the adapter's "
                         "WORKSPACE_CAP is the entry split): the heads run in chunks whose dS workspace fits it")
+    p.add_argument("--hints", action="store_true",
+                   help="two more split entries with L2 cache hints: split_l2ds (the dS tiles stored and loaded "
+                        "evict_first) and split_l2dsk (and K loaded evict_last by the dQ kernel)")
     p.add_argument("--cross", action="store_true",
                    help="also every dQ build with every q-group value (entry split_<variant>_g<value>)")
     p.add_argument("--out", default=None)
@@ -106,6 +109,11 @@ def main(argv=None) -> int:
         entries.update({f"split_{name}": split_with(dq_config=cfg) for name, cfg in variants.items()})
         entries.update({f"split_g{g}": split_with(q_groups=g) for g in groups})
         entries.update({f"split_cap{c:g}": split_with(workspace_cap=int(c * (1 << 30))) for c in args.caps})
+        if args.hints:
+            from fastvideo_cute.adapters.cute_sm90_bwd64_split import DQ_CONFIG
+            evict = {"ds_evict_first": True}
+            entries["split_l2ds"] = split_with(dq_config=dict(DQ_CONFIG, **evict), main_config=evict)
+            entries["split_l2dsk"] = split_with(dq_config=dict(DQ_CONFIG, **evict, k_evict_last=True), main_config=evict)
         if args.cross:
             entries.update({f"split_{name}_g{g}": split_with(dq_config=cfg, q_groups=g)
                             for name, cfg in variants.items() for g in groups})
@@ -122,6 +130,8 @@ def main(argv=None) -> int:
         bitwise_dq = bool(torch.equal(rerun, again))
         same_as_split = {f"split_{n}": all(bool(torch.equal(a, b)) for a, b in zip(entries[f"split_{n}"](), split()))
                          for n in variants}  # another dQ build: the same bits, or not
+        same_as_split.update({n: all(bool(torch.equal(a, b)) for a, b in zip(entries[n](), split()))
+                              for n in ("split_l2ds", "split_l2dsk") if n in entries})  # hints: the same bits
         same_as_split.update({f"split_g{g}_dq": bool(torch.equal(entries[f"split_g{g}"]()[0], split()[0]))
                               for g in groups})  # q groups: dq the same bits (dk/dv: ticket order)
         med, times = bench_rounds(entries, args)

@@ -126,7 +126,8 @@ def sm90_bwd64_split_support(q, k, v, out, dout, lse, q2k_idx, q2k_num, k2q_idx,
 
 def sm90_block_sparse_bwd64_split(q, k, v, out, dout, lse, q2k_idx, q2k_num, k2q_idx, k2q_num, kv_block_sizes,
                                   sm_scale: Optional[float] = None, dq_config: Optional[dict] = None, slots=None,
-                                  workspace_cap: int = WORKSPACE_CAP, seq_pairs=None, q_groups=None):
+                                  workspace_cap: int = WORKSPACE_CAP, seq_pairs=None, q_groups=None,
+                                  main_config: Optional[dict] = None):
     """``(dq, dk, dv)`` by the split chain (module docstring): preprocess, then per chunk of (batch,
     head) sequences whose dS workspace fits ``workspace_cap`` bytes (:func:`head_chunks`; the bound is the
     lists' width, no device sync) the main kernel (``ds_out``) and the dQ kernel. Self-attention layout (q
@@ -135,7 +136,9 @@ def sm90_block_sparse_bwd64_split(q, k, v, out, dout, lse, q2k_idx, q2k_num, k2q
     each (batch, head) sequence's pair count (``q2k_num`` summed; host ints, exact), if the caller has
     it: the workspace and the chunks are sized by it (:func:`pair_chunks`) instead of the width.
     ``dq_config``: the dQ kernel's configuration (default :data:`DQ_CONFIG`; a bad one raises the
-    kernel's ``ValueError``, before any launch). ``q_groups``: None (one q group: each kv block's CTA walks
+    kernel's ``ValueError``, before any launch); ``main_config``: options merged into the main kernel's
+    :data:`SPLIT_MAIN_CONFIG` (e.g. ``{"ds_evict_first": True}``; a bad one raises the kernel's ``ValueError``,
+    before any launch). ``q_groups``: None (one q group: each kv block's CTA walks
     its whole k2q list), ``"auto"`` (:func:`cute_sm90_bwd64_ws.default_groups`, the route's rule) or the
     q blocks per group; with several groups the main kernel's CTAs that run together read one head's q
     group (as the route's), the group that finishes a kv block last writes its dk/dv rows (``ticket_dkv``:
@@ -150,6 +153,7 @@ def sm90_block_sparse_bwd64_split(q, k, v, out, dout, lse, q2k_idx, q2k_num, k2q
     if not ok:
         raise ValueError(f"sm90_block_sparse_bwd64_split: {reason}")
     dq_maker = _kernels.sm90_dq_from_ds_kernel(**(DQ_CONFIG if dq_config is None else dq_config))
+    main_maker = _kernels.sm90_ws_main_kernel(**{**SPLIT_MAIN_CONFIG, **(main_config or {})})
     if sm_scale is None:
         sm_scale = HEAD_DIM**-0.5
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
@@ -185,7 +189,7 @@ def sm90_block_sparse_bwd64_split(q, k, v, out, dout, lse, q2k_idx, q2k_num, k2q
         raise ValueError("sm90_block_sparse_bwd64_split: prebuilt slots need one q group (q_groups=None)")
     ticket = max(h1 - h0 for h0, h1 in chunks) * nb * TICKET_ELEMS if several else 0
     ws = torch.empty(ticket + ws_pairs * DS_TILE_ELEMS, dtype=torch.bfloat16, device=q.device)
-    main = _kernels.sm90_ws_main_kernel(**SPLIT_MAIN_CONFIG).compile("sm_90a")
+    main = main_maker.compile("sm_90a")
     dq_kernel = dq_maker.compile("sm_90a")
     vbs = kv_block_sizes.to(torch.int32).contiguous()
 

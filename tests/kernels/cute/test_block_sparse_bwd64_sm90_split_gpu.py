@@ -83,15 +83,22 @@ def test_q_groups_match_the_fp32_reference(case, q_groups, cap):
         assert err <= 2 ** -7, (name, err)
 
 
-@pytest.mark.parametrize("cfg", [dict(stages=3, ctas_per_sm=3), dict(stages=2, ctas_per_sm=3)], ids=["s3c3", "s2c3"])
-def test_other_dq_builds_give_the_same_bits(cfg):
-    """The dQ kernel's ring depth and CTAs per SM change when bytes arrive, never the sum's order: dq/dk/dv
-    equal the default build's bit for bit (ragged NaN/Inf padding, an empty q row)."""
+HINTS = dict(ds_evict_first=True, k_evict_last=True)
+
+
+@pytest.mark.parametrize("cfg, main", [(dict(stages=3, ctas_per_sm=3), None), (dict(stages=2, ctas_per_sm=3), None),
+                                       (dict(S.DQ_CONFIG, **HINTS), dict(ds_evict_first=True))],
+                         ids=["s3c3", "s2c3", "l2hints"])
+def test_other_dq_builds_give_the_same_bits(cfg, main):
+    """The dQ kernel's ring depth and CTAs per SM change when bytes arrive, never the sum's order, and the L2
+    cache hints (``l2hints``: dS stored and loaded evict_first, K loaded evict_last) change nothing but the
+    cache's choices: dq/dk/dv equal the default build's bit for bit (ragged NaN/Inf padding, an empty q row)."""
     q, k, v, do, idx, num, vbs, pad = make_case(nb=12, topk=5, batch=2, heads=3, excluded=(3,), empty_q=(0, 5), seed=7)
     o, lse, rdq, rdk, rdv = reference(q, k, v, do, idx, num, vbs)
     kidx, knum = invert_indices(idx, num, vbs.numel())
     want = S.sm90_block_sparse_bwd64_split(q, k, v, o, do, lse, idx, num, kidx, knum, vbs)
-    got = S.sm90_block_sparse_bwd64_split(q, k, v, o, do, lse, idx, num, kidx, knum, vbs, dq_config=cfg)
+    got = S.sm90_block_sparse_bwd64_split(q, k, v, o, do, lse, idx, num, kidx, knum, vbs, dq_config=cfg,
+                                          main_config=main)
     torch.cuda.synchronize()
     check_close("dq", got[0], rdq)
     for name, g, w in zip(("dq", "dk", "dv"), got, want):

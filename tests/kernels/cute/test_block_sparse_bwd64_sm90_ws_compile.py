@@ -271,6 +271,35 @@ def test_ds_out_stores_ds_tiles_instead_of_reducing_dq():
     assert inflight_operand_writes(report.sass) == [], report.line
 
 
+def test_ds_evict_first_puts_the_policy_on_the_ds_store_only():
+    """``ds_evict_first`` (with ``ds_out``): the dS tile's bulk store carries the L2 policy evict_first (its
+    upper word 0x12f00000 in the store's descriptor register); the other bulk copies carry none, the
+    registers and the wgmma waits are the ``ds_out`` build's. Without ``ds_out`` it is refused."""
+    from functools import partial
+
+    from fastvideo_cute.compile_check import build_report
+    from fastvideo_cute.kernels.cute import CuteKernelSpec
+    from fastvideo_cute.kernels.cute.block_sparse_bwd64 import sm90_ws_main_kernel
+
+    config = dict(FLAT_BUILD, zero_pad_v=True, ticket_dkv=True, tma_dkv=True, ds_out=True)
+    reports = {}
+    for hint in (False, True):
+        spec = CuteKernelSpec(name=f"{NAME}_ds_out{'_evict' if hint else ''}", archs=("sm_90a",),
+                              make=partial(sm90_ws_main_kernel, **config, **({"ds_evict_first": True} if hint else {})),
+                              expect=("HGMMA", "UBLKCP"))
+        reports[hint] = build_report(spec, "sm_90a")
+    plain, hinted = reports[False], reports[True]
+    print(hinted.line)
+    assert hinted.ok and hinted.spill == 0 and hinted.regs == plain.regs, (hinted.line, plain.line)
+    assert hinted.count("WARPGROUP.DEPBAR") == plain.count("WARPGROUP.DEPBAR")
+    assert len(re.findall(r"UBLKCP\.G\.S \[UR\d+\], \[UR\d+\], UR\d+, desc\[UR\d+\]", hinted.sass)) == 1
+    assert len(re.findall(r"UBLKCP\.S\.G [^;]*desc", hinted.sass)) == 0  # lse2, delta: no hint
+    assert "0x12f00000" in hinted.sass.lower() and "0x12f00000" not in plain.sass.lower()
+    assert len(re.findall(r"UBLKCP[^;]*desc", plain.sass)) == 0
+    with pytest.raises(ValueError, match="ds_evict_first"):
+        sm90_ws_main_kernel(**FLAT_BUILD, ds_evict_first=True)
+
+
 @pytest.mark.parametrize("bad", [dict(ds_out=True), dict(ds_out=True, flat_dq=True, dq_stages=2),
                                  dict(ds_out=True, flat_dq=True, grouped=True)])
 def test_ds_out_needs_flat_dq_and_one_staging_buffer(bad):

@@ -58,7 +58,7 @@ from quack import layout_utils
 
 from fastvideo_cute.jit import CuteKernel, fake_matrix, fake_vector
 
-from ..common.bulk import bulk_copy_g2s, bulk_copy_s2g, bulk_reduce_add_f32
+from ..common.bulk import L2_EVICT_FIRST, bulk_copy_g2s, bulk_copy_s2g, bulk_reduce_add_f32
 from ..common.tma import tma_row_tiles
 from ..common.wgmma import wgmma_gemm
 from .block_sparse_bwd64_common import main_fake_args
@@ -111,7 +111,7 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
     def __init__(self, q_stages: int = 3, p_stages: int = 1, dq_stages: int = 1, kv_regs: bool = True,
                  grouped: bool = False, bulk_dkv: bool = True, narrow_dq: bool = False, flat_dq: bool = False,
                  zero_pad_v: bool = False, ticket_dkv: bool = False, pair_stores: bool = False,
-                 tma_dkv: bool = False, ds_out: bool = False):
+                 tma_dkv: bool = False, ds_out: bool = False, ds_evict_first: bool = False):
         """``q_stages``: depth of the Q and dO rings; ``p_stages`` / ``dq_stages``: buffers of the
         P^T hand-off and of the dQ staging tile (1 or 2: with 2 the producing side runs a step
         ahead); ``kv_regs``: WG1 holds K and WG2 holds V in registers (S^T and dP^T as RS wgmma,
@@ -150,7 +150,9 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
         tile (8 KB, the swizzled image WG2 writes by stmatrix) into the workspace at ``mWs`` (its base
         pointer; 8 KB tiles) at the slot ``mTk[item * width + t]`` (int32, the caller's q-owned order), and
         ``BlockSparseDq64Sm90`` sums dQ from them; with q groups both buffers hold the ticket's part first
-        (``ds_store``)."""
+        (``ds_store``); ``ds_evict_first`` (with ``ds_out``): those stores carry the L2 policy evict_first
+        (the tiles are read back by the next launch, long after the L2 has cycled: they should not push out
+        the Q / dO tiles the resident CTAs share; a cache hint only, the same bits)."""
         for name, v in (("p_stages", p_stages), ("dq_stages", dq_stages)):
             if v not in (1, MAX_STAGES):
                 raise ValueError(f"{name} must be 1 or {MAX_STAGES}, got {v}")
@@ -174,6 +176,9 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
         self.ds_out = bool(ds_out)
         if self.ds_out and not (self.flat_dq and self.dq_stages == 1):
             raise ValueError("ds_out needs flat_dq and dq_stages=1")
+        self.ds_evict_first = bool(ds_evict_first)
+        if self.ds_evict_first and not self.ds_out:
+            raise ValueError("ds_evict_first is a hint on ds_out's stores: it needs ds_out")
         if self.ds_out and self.grouped:
             raise ValueError("ds_out hands dk/dv over by ticket_dkv with q groups: it cannot be combined with grouped")
         if self.tma_dkv and self.grouped:
@@ -186,7 +191,8 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
                 "kv_regs": self.kv_regs, "grouped": self.grouped, "bulk_dkv": self.bulk_dkv,
                 "narrow_dq": self.narrow_dq, "flat_dq": self.flat_dq, "zero_pad_v": self.zero_pad_v,
                 "ticket_dkv": self.ticket_dkv, "pair_stores": self.pair_stores,
-                "tma_dkv": self.tma_dkv, **({"ds_out": True} if self.ds_out else {})}
+                "tma_dkv": self.tma_dkv, **({"ds_out": True} if self.ds_out else {}),
+                **({"ds_evict_first": True} if self.ds_evict_first else {})}
 
     # ------------------------------------------------------------------ host side
     @cute.jit
@@ -426,7 +432,8 @@ class BlockSparseBwd64Sm90Ws(CuteKernel):
             cute.arch.barrier_arrive(barrier_id=DQ_FREE, number_of_threads=WG + 32)
             cute.arch.barrier(barrier_id=DQ_FULL, number_of_threads=WG + 32)
             if lane == 0:
-                bulk_copy_s2g(storage.sdS.data_ptr(), ds_base + cutlass.Int64(slot) * (BLOCK * BLOCK // 2), BLOCK * BLOCK * 2)
+                bulk_copy_s2g(storage.sdS.data_ptr(), ds_base + cutlass.Int64(slot) * (BLOCK * BLOCK // 2), BLOCK * BLOCK * 2,
+                              cache_hint=L2_EVICT_FIRST if self.ds_evict_first else 0)
                 cute.arch.cp_async_bulk_commit_group()
         if lane == 0:
             cute.arch.cp_async_bulk_wait_group(0, read=True)

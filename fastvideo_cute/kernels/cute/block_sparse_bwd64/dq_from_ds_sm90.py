@@ -41,7 +41,7 @@ from quack import layout_utils
 
 from fastvideo_cute.jit import CuteKernel, fake_matrix, fake_stream, fake_vector
 
-from ..common.bulk import bulk_copy_g2s
+from ..common.bulk import L2_EVICT_FIRST, L2_EVICT_LAST, bulk_copy_g2s
 from ..common.tma import tma_row_tiles
 from ..common.wgmma import wgmma_gemm
 from .limits import BLOCK, HEAD_DIM
@@ -60,8 +60,12 @@ class BlockSparseDq64Sm90(CuteKernel):
 
     name = "block_sparse_dq64_sm90"
 
-    def __init__(self, stages: int = 4, ctas_per_sm: int = 2):
-        # defaults: the split chain's build (adapters/cute_sm90_bwd64_split.DQ_CONFIG, measured there)
+    def __init__(self, stages: int = 4, ctas_per_sm: int = 2, ds_evict_first: bool = False, k_evict_last: bool = False):
+        """``stages`` / ``ctas_per_sm``: the ring's depth and the CTAs an SM holds (defaults: the split chain's
+        build, ``adapters/cute_sm90_bwd64_split.DQ_CONFIG``, measured there); ``ds_evict_first``: the dS
+        tiles (read once, from DRAM) loaded with the L2 policy evict_first, ``k_evict_last``: the K tiles
+        (read by every q block that selected them) with evict_last, so that the stream of dS does not push
+        the head's K out of the L2 (cache hints only: the same bits)."""
         if stages not in (2, 3, 4):
             raise ValueError(f"stages must be 2, 3 or 4, got {stages}")
         if ctas_per_sm not in (1, 2, 3):
@@ -70,10 +74,13 @@ class BlockSparseDq64Sm90(CuteKernel):
         if need > 228 * 1024:
             raise ValueError(f"stages={stages} at {ctas_per_sm} CTAs per SM need {need} B of shared memory")
         self.stages, self.ctas_per_sm = int(stages), int(ctas_per_sm)
+        self.ds_evict_first, self.k_evict_last = bool(ds_evict_first), bool(k_evict_last)
         self.dtype = cutlass.BFloat16
 
     def config(self):
-        return {"stages": self.stages, "ctas_per_sm": self.ctas_per_sm}
+        return {"stages": self.stages, "ctas_per_sm": self.ctas_per_sm,
+                **({"ds_evict_first": True} if self.ds_evict_first else {}),
+                **({"k_evict_last": True} if self.k_evict_last else {})}
 
     @cute.jit
     def __call__(self, mK: cute.Tensor, mdS: cute.Tensor, mdQ: cute.Tensor, mLSE: cute.Tensor, mIdx: cute.Tensor,
@@ -132,10 +139,15 @@ class BlockSparseDq64Sm90(CuteKernel):
                 j = mIdx[item, s]
                 st = state.index
                 pipe.producer_acquire(state)
-                cute.copy(tma_atom_K, tKgK[None, bh * nq + j], tKsK[None, st], tma_bar_ptr=pipe.producer_get_barrier(state))
+                if const_expr(self.k_evict_last):
+                    cute.copy(tma_atom_K, tKgK[None, bh * nq + j], tKsK[None, st], tma_bar_ptr=pipe.producer_get_barrier(state),
+                              cache_policy=cutlass.Int64(L2_EVICT_LAST))
+                else:
+                    cute.copy(tma_atom_K, tKgK[None, bh * nq + j], tKsK[None, st], tma_bar_ptr=pipe.producer_get_barrier(state))
                 with cute.arch.elect_one():
                     bulk_copy_g2s(mdS.iterator + cutlass.Int64(off + s) * DS_TILE_ELEMS, storage.sdS.data_ptr() + st * DS_TILE_ELEMS,
-                                  pipe.producer_get_barrier(state), ds_bytes)
+                                  pipe.producer_get_barrier(state), ds_bytes,
+                                  cache_hint=L2_EVICT_FIRST if self.ds_evict_first else 0)
                 state.advance()
         else:
             wtid = tidx
