@@ -38,15 +38,15 @@ def ours(q, k, v, idx, num, sizes, *, bshd: bool, gate=None, out_c=None, variant
 _VARIANT_KEYS = {"k": "k_stages", "v": "v_stages", "c": "ctas_per_sm"}
 _VARIANT_FLAGS = {"l": ("lazy_rescale", True), "e": ("lazy_rescale", False), "u": ("lazy_vote", True),
                   "n": ("lazy_vote", False), "p": ("partial_loads", True), "t": ("narrow_tiles", True),
-                  "w": ("narrow_tiles", False), "x": ("packed_steps", True)}
+                  "w": ("narrow_tiles", False), "x": ("packed_steps", True), "h": ("l2_hints", True)}
 
 
 def parse_variant(spec: str) -> dict:
     """``"k2v3c2st"`` -> k_stages=2, v_stages=3, ctas_per_sm=2, stmatrix_epilogue=True; ``q112`` ->
     q_regs=112 (Q's first 112 columns in registers: those k-steps of S as RS wgmma; ``q`` alone:
     128); the flags ``l`` / ``e`` (lazy_rescale on / off), ``u`` / ``n`` (lazy_vote on / off) and
-    ``p`` (partial_loads), ``t`` / ``w`` (narrow_tiles on / off) and ``x`` (packed_steps: the lists
-    packed by ``pack_steps`` inside the timed call) anywhere, e.g.
+    ``p`` (partial_loads), ``t`` / ``w`` (narrow_tiles on / off), ``x`` (packed_steps: the lists
+    packed by ``pack_steps`` inside the timed call) and ``h`` (l2_hints: L2 policies on the TMA copies) anywhere, e.g.
     ``"q112l"`` (the kernel's defaults for what is left out; ``"base"`` is the default build)."""
     import re
 

@@ -18,6 +18,7 @@ def explore(load_script):
     ("c2ql", {"ctas_per_sm": 2, "q_regs": 128, "lazy_rescale": True}),
     ("e", {"lazy_rescale": False}),
     ("q64e", {"q_regs": 64, "lazy_rescale": False}),
+    ("xh", {"packed_steps": True, "l2_hints": True}),
 ])
 def test_variant_grammar(explore, spec, want):
     assert explore.parse_variant(spec) == want
@@ -27,7 +28,7 @@ def test_variants_are_kernel_configurations(explore):
     pytest.importorskip("cutlass")
     from fastvideo_cute.kernels.cute.block_sparse_fwd64 import sm90_kernel_class
 
-    for spec in ("base", "q112l", "c2q", "e", "k2c2"):
+    for spec in ("base", "q112l", "c2q", "e", "k2c2", "xh"):
         sm90_kernel_class()("bfloat16", 128, **explore.parse_variant(spec))
 
 

@@ -252,3 +252,26 @@ def test_full_q_in_registers_at_three_ctas_is_serialised():
     and the option's limit can move)."""
     report = _variant_report(expect=("HGMMA",), forbid=(), q_regs=128)
     assert report.spill > 0 and _serialised_wgmma(report.sass) > 30, report.line
+
+
+@pytest.mark.parametrize("config", [{}, {"packed_steps": True}, {"fuse_gate": True, "store_out_s": True}],
+                         ids=["plain", "packed", "gate_train"])
+def test_l2_hints_put_policies_on_the_tma_copies_only(config):
+    """``l2_hints``: Q's load and the output stores carry the evict_first policy (upper word 0x12f00000 in the
+    copy's descriptor register), the whole K / V tile loads evict_last (0x14f00000); the registers, the wgmma
+    waits and the copy sites are the unhinted build's, and no in-flight wgmma operand is written. The
+    default build's compile key has no ``l2_hints`` (its cache entries stay valid)."""
+    from fastvideo_cute.kernels.cute.block_sparse_fwd64 import sm90_kernel
+
+    plain = _variant_report(**config)
+    hinted = _variant_report("block_sparse_fwd64_sm90_l2", l2_hints=True, **config)
+    print(hinted.line)
+    assert hinted.ok and hinted.spill == 0 and hinted.regs <= 168, hinted.line
+    assert hinted.count("WARPGROUP.DEPBAR") == plain.count("WARPGROUP.DEPBAR")
+    assert hinted.count("UTMALDG") == plain.count("UTMALDG") and hinted.count("UTMASTG") == plain.count("UTMASTG")
+    low = hinted.sass.lower()
+    assert "0x12f00000" in low and "0x14f00000" in low, hinted.line
+    assert "0x12f00000" not in plain.sass.lower() and "0x14f00000" not in plain.sass.lower()
+    assert re.findall(r"UTMASTG[^;]*desc\[URZ\]", hinted.sass) == []  # every output store with a policy
+    assert inflight_operand_writes(hinted.sass) == []
+    assert "l2_hints" not in sm90_kernel(**config).config() and sm90_kernel(l2_hints=True).config()["l2_hints"]

@@ -117,6 +117,7 @@ from quack import layout_utils
 
 from fastvideo_cute.jit import CuteKernel, fake_stream
 
+from ..common.bulk import L2_EVICT_FIRST, L2_EVICT_LAST
 from ..common.softmax import finalize_row, mask_keys_mn, mask_keys_pieces_mn, merge_weights, online_softmax_rows
 from ..common.wgmma import wgmma_gemm
 
@@ -172,7 +173,8 @@ class BlockSparseFwd64Sm90(CuteKernel):
                  fuse_gate: bool = False, k_stages: int = 1, v_stages: int = 2, ctas_per_sm: int = 3,
                  stmatrix_epilogue: bool = False, q_regs: int = 0, lazy_rescale: bool = True,
                  lazy_vote: Optional[bool] = None, partial_loads: bool = False, store_out_s: bool = False,
-                 merge_prev: bool = False, narrow_tiles: bool = True, packed_steps: bool = False):
+                 merge_prev: bool = False, narrow_tiles: bool = True, packed_steps: bool = False,
+                 l2_hints: bool = False):
         if dtype not in DTYPE_NAMES:
             raise ValueError(f"dtype must be one of {DTYPE_NAMES}, got {dtype!r}")
         if head_dim not in HEAD_DIMS:
@@ -218,6 +220,9 @@ class BlockSparseFwd64Sm90(CuteKernel):
         self.store_out_s = bool(store_out_s)
         self.merge_prev = bool(merge_prev)
         self.narrow_tiles = bool(narrow_tiles)
+        # L2 cache policies on the TMA copies: Q (read once) and the outputs (written once) evict_first, the
+        # whole K / V tiles (read by every query tile that selected them) evict_last; hints only, the same bits
+        self.l2_hints = bool(l2_hints)
 
     def config(self) -> Mapping[str, Any]:
         return {"dtype": self.dtype_name, "head_dim": self.head_dim, "has_block_sizes": self.has_block_sizes,
@@ -225,7 +230,12 @@ class BlockSparseFwd64Sm90(CuteKernel):
                 "ctas_per_sm": self.ctas_per_sm, "stmatrix_epilogue": self.stmatrix_epilogue,
                 "q_regs": self.q_regs, "lazy_rescale": self.lazy_rescale, "lazy_vote": self.lazy_vote,
                 "partial_loads": self.partial_loads, "store_out_s": self.store_out_s,
-                "merge_prev": self.merge_prev, "narrow_tiles": self.narrow_tiles, "packed_steps": self.packed_steps}
+                "merge_prev": self.merge_prev, "narrow_tiles": self.narrow_tiles, "packed_steps": self.packed_steps,
+                **({"l2_hints": True} if self.l2_hints else {})}
+
+    def _policy(self, policy: int) -> dict:
+        """``cute.copy``'s keyword for the L2 policy ``policy`` with ``l2_hints``, else none (trace time)."""
+        return {"cache_policy": cutlass.Int64(policy)} if self.l2_hints else {}
 
     def fake_args(self) -> tuple:
         dt = _CUTE_DTYPES[self.dtype_name]
@@ -471,7 +481,7 @@ class BlockSparseFwd64Sm90(CuteKernel):
         # (read unconditionally: the list is at least one entry wide) come back.
         if warp_idx == 0:
             bar_q.arrive_and_expect_tx(0, tx["q"])
-            cute.copy(tma_atom_Q, tQgQ, tQsQ, tma_bar_ptr=bar_q.get_barrier(0))
+            cute.copy(tma_atom_Q, tQgQ, tQsQ, tma_bar_ptr=bar_q.get_barrier(0), **self._policy(L2_EVICT_FIRST))
         gIdx = _uniform_base(mIdx[None, qt, h, b])
         n_cur = gIdx[0]
         # (packed_steps) the step list's words (``step_keys``): the step before, this one, the next
@@ -708,12 +718,12 @@ class BlockSparseFwd64Sm90(CuteKernel):
         if warp_idx == 0:
             tOsO, tOgO = cpasync.tma_partition(tma_atom_O, 0, unit, cute.group_modes(sO, 0, 2),
                                                cute.group_modes(gO, 0, 2))
-            cute.copy(tma_atom_O, tOsO, tOgO)
+            cute.copy(tma_atom_O, tOsO, tOgO, **self._policy(L2_EVICT_FIRST))
             if const_expr(self.store_out_s):
                 gOs = cute.local_tile(mOs[None, None, h, b], (BLOCK, d), (qt, 0))
                 tSsS, tSgS = cpasync.tma_partition(tma_atom_Os, 0, unit, cute.group_modes(sK, 0, 2),
                                                    cute.group_modes(gOs, 0, 2))
-                cute.copy(tma_atom_Os, tSsS[None, g_slot], tSgS)
+                cute.copy(tma_atom_Os, tSsS[None, g_slot], tSgS, **self._policy(L2_EVICT_FIRST))
             cute.arch.cp_async_bulk_commit_group()
             cute.arch.cp_async_bulk_wait_group(0, read=True)
 
@@ -730,7 +740,8 @@ class BlockSparseFwd64Sm90(CuteKernel):
                   slot: Int32, n: Int32):
         """(warp 0) kv tile ``n`` into ring slot ``slot``, on that slot's transaction barrier."""
         bar.arrive_and_expect_tx(slot, tx_bytes)
-        cute.copy(tma_atom, tXgX[None, n], tXsX[None, slot], tma_bar_ptr=bar.get_barrier(slot))
+        cute.copy(tma_atom, tXgX[None, n], tXsX[None, slot], tma_bar_ptr=bar.get_barrier(slot),
+                  **self._policy(L2_EVICT_LAST))
 
     @cute.jit
     def load_kv(self, tma_atom, tXgX, tXsX, pieces16, bar, tx_bytes: cutlass.Constexpr, slot: Int32, n: Int32,
