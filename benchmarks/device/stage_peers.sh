@@ -10,6 +10,6 @@ url=$(curl -s https://pypi.org/simple/fastvideo-kernel/ | grep -o 'https://[^"#]
 [ -f /tmp/fvk/fvk.tar.gz ] || curl -s -o /tmp/fvk/fvk.tar.gz "$url"
 whl=$(tar tzf /tmp/fvk/fvk.tar.gz | grep 'dist/.*x86_64.*\.whl$')
 tar xzf /tmp/fvk/fvk.tar.gz -C /tmp/fvk "$whl" && cp "/tmp/fvk/$whl" .gpu/d/
-cp benchmarks/device/setup.sh benchmarks/device/table.sh .gpu/e/
+cp benchmarks/device/*.sh .gpu/e/
 git rev-parse HEAD > .gpu/e/COMMIT
 du -sh .gpu/a .gpu/b .gpu/c .gpu/d
