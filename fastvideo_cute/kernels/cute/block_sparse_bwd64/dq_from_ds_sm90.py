@@ -41,7 +41,7 @@ from quack import layout_utils
 
 from fastvideo_cute.jit import CuteKernel, fake_matrix, fake_stream, fake_vector
 
-from ..common.bulk import L2_EVICT_FIRST, L2_EVICT_LAST, bulk_copy_g2s
+from ..common.bulk import L2_EVICT_FIRST, L2_EVICT_LAST, bulk_copy_g2s, tma_policy
 from ..common.tma import tma_row_tiles
 from ..common.wgmma import wgmma_gemm
 from .limits import BLOCK, HEAD_DIM
@@ -139,11 +139,8 @@ class BlockSparseDq64Sm90(CuteKernel):
                 j = mIdx[item, s]
                 st = state.index
                 pipe.producer_acquire(state)
-                if const_expr(self.k_evict_last):
-                    cute.copy(tma_atom_K, tKgK[None, bh * nq + j], tKsK[None, st], tma_bar_ptr=pipe.producer_get_barrier(state),
-                              cache_policy=cutlass.Int64(L2_EVICT_LAST))
-                else:
-                    cute.copy(tma_atom_K, tKgK[None, bh * nq + j], tKsK[None, st], tma_bar_ptr=pipe.producer_get_barrier(state))
+                cute.copy(tma_atom_K, tKgK[None, bh * nq + j], tKsK[None, st], tma_bar_ptr=pipe.producer_get_barrier(state),
+                          **tma_policy(L2_EVICT_LAST if self.k_evict_last else 0))
                 with cute.arch.elect_one():
                     bulk_copy_g2s(mdS.iterator + cutlass.Int64(off + s) * DS_TILE_ELEMS, storage.sdS.data_ptr() + st * DS_TILE_ELEMS,
                                   pipe.producer_get_barrier(state), ds_bytes,

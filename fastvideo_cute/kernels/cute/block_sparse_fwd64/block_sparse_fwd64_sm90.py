@@ -117,7 +117,7 @@ from quack import layout_utils
 
 from fastvideo_cute.jit import CuteKernel, fake_stream
 
-from ..common.bulk import L2_EVICT_FIRST, L2_EVICT_LAST
+from ..common.bulk import L2_EVICT_FIRST, L2_EVICT_LAST, tma_policy
 from ..common.softmax import finalize_row, mask_keys_mn, mask_keys_pieces_mn, merge_weights, online_softmax_rows
 from ..common.wgmma import wgmma_gemm
 
@@ -232,10 +232,6 @@ class BlockSparseFwd64Sm90(CuteKernel):
                 "partial_loads": self.partial_loads, "store_out_s": self.store_out_s,
                 "merge_prev": self.merge_prev, "narrow_tiles": self.narrow_tiles, "packed_steps": self.packed_steps,
                 **({"l2_hints": True} if self.l2_hints else {})}
-
-    def _policy(self, policy: int) -> dict:
-        """``cute.copy``'s keyword for the L2 policy ``policy`` with ``l2_hints``, else none (trace time)."""
-        return {"cache_policy": cutlass.Int64(policy)} if self.l2_hints else {}
 
     def fake_args(self) -> tuple:
         dt = _CUTE_DTYPES[self.dtype_name]
@@ -481,7 +477,8 @@ class BlockSparseFwd64Sm90(CuteKernel):
         # (read unconditionally: the list is at least one entry wide) come back.
         if warp_idx == 0:
             bar_q.arrive_and_expect_tx(0, tx["q"])
-            cute.copy(tma_atom_Q, tQgQ, tQsQ, tma_bar_ptr=bar_q.get_barrier(0), **self._policy(L2_EVICT_FIRST))
+            cute.copy(tma_atom_Q, tQgQ, tQsQ, tma_bar_ptr=bar_q.get_barrier(0),
+                      **tma_policy(L2_EVICT_FIRST if self.l2_hints else 0))
         gIdx = _uniform_base(mIdx[None, qt, h, b])
         n_cur = gIdx[0]
         # (packed_steps) the step list's words (``step_keys``): the step before, this one, the next
@@ -718,12 +715,12 @@ class BlockSparseFwd64Sm90(CuteKernel):
         if warp_idx == 0:
             tOsO, tOgO = cpasync.tma_partition(tma_atom_O, 0, unit, cute.group_modes(sO, 0, 2),
                                                cute.group_modes(gO, 0, 2))
-            cute.copy(tma_atom_O, tOsO, tOgO, **self._policy(L2_EVICT_FIRST))
+            cute.copy(tma_atom_O, tOsO, tOgO, **tma_policy(L2_EVICT_FIRST if self.l2_hints else 0))
             if const_expr(self.store_out_s):
                 gOs = cute.local_tile(mOs[None, None, h, b], (BLOCK, d), (qt, 0))
                 tSsS, tSgS = cpasync.tma_partition(tma_atom_Os, 0, unit, cute.group_modes(sK, 0, 2),
                                                    cute.group_modes(gOs, 0, 2))
-                cute.copy(tma_atom_Os, tSsS[None, g_slot], tSgS, **self._policy(L2_EVICT_FIRST))
+                cute.copy(tma_atom_Os, tSsS[None, g_slot], tSgS, **tma_policy(L2_EVICT_FIRST if self.l2_hints else 0))
             cute.arch.cp_async_bulk_commit_group()
             cute.arch.cp_async_bulk_wait_group(0, read=True)
 
@@ -741,7 +738,7 @@ class BlockSparseFwd64Sm90(CuteKernel):
         """(warp 0) kv tile ``n`` into ring slot ``slot``, on that slot's transaction barrier."""
         bar.arrive_and_expect_tx(slot, tx_bytes)
         cute.copy(tma_atom, tXgX[None, n], tXsX[None, slot], tma_bar_ptr=bar.get_barrier(slot),
-                  **self._policy(L2_EVICT_LAST))
+                  **tma_policy(L2_EVICT_LAST if self.l2_hints else 0))
 
     @cute.jit
     def load_kv(self, tma_atom, tXgX, tXsX, pieces16, bar, tx_bytes: cutlass.Constexpr, slot: Int32, n: Int32,

@@ -8,13 +8,19 @@ from cutlass import Int32, Int64
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import dsl_user_op
 
-__all__ = ["L2_EVICT_FIRST", "L2_EVICT_LAST", "bulk_reduce_add_f32", "bulk_copy_g2s", "bulk_copy_s2g"]
+__all__ = ["L2_EVICT_FIRST", "L2_EVICT_LAST", "bulk_reduce_add_f32", "bulk_copy_g2s", "bulk_copy_s2g", "tma_policy"]
 
 #: L2 cache policies for the ``.L2::cache_hint`` forms (what ``createpolicy.fractional.L2::evict_first`` /
 #: ``evict_last`` with fraction 1.0 produce; CUTLASS's ``CacheHintSm90``): also what a TMA copy takes as
 #: ``cute.copy(..., cache_policy=Int64(...))``
 L2_EVICT_FIRST = 0x12F0000000000000
 L2_EVICT_LAST = 0x14F0000000000000
+
+
+def tma_policy(policy: int) -> dict:
+    """``cute.copy``'s keywords for a TMA copy with the L2 policy ``policy`` (0: none, no keyword), the
+    convention of the bulk copies' ``cache_hint`` (trace time)."""
+    return {"cache_policy": Int64(policy)} if policy else {}
 
 
 @dsl_user_op
