@@ -9,7 +9,8 @@ timed alone (``slots``); ``split`` runs the heads in chunks whose workspace fits
 cap, ``split_prebuilt`` in one chunk with the slots prebuilt, ``split_<variant>`` as ``split`` with another
 build of the dQ kernel (``--dq-variants``, e.g. ``s4c2``: four ring slots, two CTAs per SM), ``split_g<v>`` with
 the main kernel's lists split by q group (``--q-groups``, e.g. ``auto``), ``split_<variant>_g<v>`` both
-(``--cross``), ``split_l2ds`` / ``split_l2dsk`` with L2 cache hints (``--hints``), ``split_cap<GiB>`` with
+(``--cross``), ``split_nol2`` without the default's L2 hint (dS stored and loaded evict_first) and
+``split_l2dsk`` with K loaded evict_last as well (``--hints``), ``split_cap<GiB>`` with
 another workspace cap (``--caps``: smaller chunks of heads). One q group otherwise. Rows: per case the
 per-round ratio of cuDNN's time to each entry's, the max relative difference of dq/dk/dv from cuDNN's.
 
@@ -29,11 +30,13 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 def dq_variant(name: str) -> dict:
-    """``s<stages>c<ctas per SM>`` -> the dQ kernel's configuration."""
+    """``s<stages>c<ctas per SM>`` -> the dQ kernel's configuration (the adapter's otherwise: its L2 hint kept)."""
     m = re.fullmatch(r"s(\d)c(\d)", name)
     if m is None:
         raise SystemExit(f"--dq-variants: expected s<stages>c<ctas>, got {name!r}")
-    return {"stages": int(m.group(1)), "ctas_per_sm": int(m.group(2))}
+    from fastvideo_cute.adapters.cute_sm90_bwd64_split import DQ_CONFIG
+
+    return dict(DQ_CONFIG, stages=int(m.group(1)), ctas_per_sm=int(m.group(2)))
 
 
 def main(argv=None) -> int:
@@ -63,8 +66,8 @@ def main(argv=None) -> int:
                    help="more split entries with another workspace cap, in GiB (entry split_cap<value>; the adapter's "
                         "WORKSPACE_CAP is the entry split): the heads run in chunks whose dS workspace fits it")
     p.add_argument("--hints", action="store_true",
-                   help="two more split entries with L2 cache hints: split_l2ds (the dS tiles stored and loaded "
-                        "evict_first) and split_l2dsk (and K loaded evict_last by the dQ kernel)")
+                   help="two more split entries for the L2 cache hints: split_nol2 (without the default's: the dS "
+                        "tiles stored and loaded evict_first) and split_l2dsk (K loaded evict_last as well)")
     p.add_argument("--cross", action="store_true",
                    help="also every dQ build with every q-group value (entry split_<variant>_g<value>)")
     p.add_argument("--out", default=None)
@@ -111,9 +114,9 @@ def main(argv=None) -> int:
         entries.update({f"split_cap{c:g}": split_with(workspace_cap=int(c * (1 << 30))) for c in args.caps})
         if args.hints:
             from fastvideo_cute.adapters.cute_sm90_bwd64_split import DQ_CONFIG
-            evict = {"ds_evict_first": True}
-            entries["split_l2ds"] = split_with(dq_config=dict(DQ_CONFIG, **evict), main_config=evict)
-            entries["split_l2dsk"] = split_with(dq_config=dict(DQ_CONFIG, **evict, k_evict_last=True), main_config=evict)
+            off = {"ds_evict_first": False}
+            entries["split_nol2"] = split_with(dq_config=dict(DQ_CONFIG, **off), main_config=off)
+            entries["split_l2dsk"] = split_with(dq_config=dict(DQ_CONFIG, k_evict_last=True))
         if args.cross:
             entries.update({f"split_{name}_g{g}": split_with(dq_config=cfg, q_groups=g)
                             for name, cfg in variants.items() for g in groups})
@@ -132,7 +135,7 @@ def main(argv=None) -> int:
             return all(bool(torch.equal(a, b)) for a, b in zip(entries[key]()[:parts], base[:parts]))
 
         same_as_split = {f"split_{n}": same_bits(f"split_{n}") for n in variants}  # another dQ build
-        same_as_split.update({n: same_bits(n) for n in ("split_l2ds", "split_l2dsk") if n in entries})  # hints
+        same_as_split.update({n: same_bits(n) for n in ("split_nol2", "split_l2dsk") if n in entries})  # hints
         same_as_split.update({f"split_g{g}_dq": same_bits(f"split_g{g}", 1)
                               for g in groups})  # q groups: dq the same bits (dk/dv: ticket order)
         med, times = bench_rounds(entries, args)

@@ -35,16 +35,21 @@ from .cute_sm90_bwd64_ws import default_groups, device_name, group_bounds
 __all__ = ["DQ_CONFIG", "SPLIT_MAIN_CONFIG", "WORKSPACE_CAP", "head_chunks", "pair_chunks", "pair_slots",
            "sm90_block_sparse_bwd64_split", "sm90_bwd64_split_support"]
 
-#: the main kernel's build: the route's (``backends/sm90_backend._BWD_WS_CONFIG``) with ``ds_out``
+#: the main kernel's build: the route's (``backends/sm90_backend._BWD_WS_CONFIG``) with ``ds_out`` and
+#: ``ds_evict_first`` (the dS tiles stored with the L2 policy evict_first; see :data:`DQ_CONFIG`)
 SPLIT_MAIN_CONFIG = {"narrow_dq": True, "p_stages": 2, "flat_dq": True, "zero_pad_v": True, "ticket_dkv": True,
-                     "tma_dkv": True, "ds_out": True, "grouped": False}
-#: the dQ kernel's build (``BlockSparseDq64Sm90``'s configuration, its defaults): a 4-slot ring at two CTAs
-#: per SM. Measured on H100s through this adapter against cuDNN's blk64 backward in the same rounds
+                     "tma_dkv": True, "ds_out": True, "grouped": False, "ds_evict_first": True}
+#: the dQ kernel's build (``BlockSparseDq64Sm90``'s configuration): a 4-slot ring at two CTAs per SM (the
+#: kernel's defaults), the dS tiles loaded evict_first. Ring and CTAs measured on H100s through this adapter against cuDNN's blk64 backward in the same rounds
 #: (benchmarks/results/bwd64_split_h100_s31{a,b,c}.json, s32a.json; s32a's entries settled, five rounds):
 #: against the 3-slot ring at three CTAs per SM, +1.1 / +1.1 / -2.0 / +2.8 % at 32,768 tokens, +3.7 / +1.2 /
 #: -3.2 / +1.8 % on the Wan-1.3B grid, +15.8 / +13.7 / +5.1 / -0.4 % at 65,536 (a, b, c unsettled). The same
-#: bits either way (the order of the sum does not depend on the ring).
-DQ_CONFIG = {"stages": 4, "ctas_per_sm": 2}
+#: bits either way (the order of the sum does not depend on the ring). The L2 hint (dS stored by the main
+#: kernel and loaded here evict_first; the same bits) against none, H100, five settled rounds
+#: (benchmarks/results/bwd64_split_h100_hints.json, 2026-12-07): median +1.7 % at 65,536 tokens, +1.2 % at
+#: 32,768, +2.4 % on the Wan-1.3B grid, ahead in 14 of the 15 rounds; K loaded evict_last as well
+#: (``k_evict_last``) led by less at 32,768 and on the grid: left off.
+DQ_CONFIG = {"stages": 4, "ctas_per_sm": 2, "ds_evict_first": True}
 DS_TILE_ELEMS = BLOCK * BLOCK
 #: bf16 elements of the workspace that ``ticket_dkv`` takes per kv block with q groups (its fp32 dK and dV parts)
 TICKET_ELEMS = 2 * TICKET_WS_FLOATS
@@ -137,7 +142,7 @@ def sm90_block_sparse_bwd64_split(q, k, v, out, dout, lse, q2k_idx, q2k_num, k2q
     it: the workspace and the chunks are sized by it (:func:`pair_chunks`) instead of the width.
     ``dq_config``: the dQ kernel's configuration (default :data:`DQ_CONFIG`; a bad one raises the
     kernel's ``ValueError``, before any launch); ``main_config``: options merged into the main kernel's
-    :data:`SPLIT_MAIN_CONFIG` (e.g. ``{"ds_evict_first": True}``; a bad one raises the kernel's ``ValueError``,
+    :data:`SPLIT_MAIN_CONFIG` (e.g. ``{"ds_evict_first": False}``; a bad one raises the kernel's ``ValueError``,
     before any launch). ``q_groups``: None (one q group: each kv block's CTA walks
     its whole k2q list), ``"auto"`` (:func:`cute_sm90_bwd64_ws.default_groups`, the route's rule) or the
     q blocks per group; with several groups the main kernel's CTAs that run together read one head's q

@@ -72,7 +72,7 @@ def test_the_split_main_kernel_is_the_routes_build_with_ds_out():
     from fastvideo_cute.adapters.cute_sm90_bwd64_split import SPLIT_MAIN_CONFIG
     from fastvideo_cute.backends.sm90_backend import _BWD_WS_CONFIG
 
-    assert SPLIT_MAIN_CONFIG == {**_BWD_WS_CONFIG, "ds_out": True, "grouped": False}
+    assert SPLIT_MAIN_CONFIG == {**_BWD_WS_CONFIG, "ds_out": True, "grouped": False, "ds_evict_first": True}
 
 
 def _cpu_call(**bad):

@@ -145,20 +145,21 @@ _BWD64 = (
     CuteKernelSpec(
         name=_bwd64.SM90_WS_REGISTRY_NAME + "_ds_out",
         archs=("sm_90a",),
-        make=partial(_bwd64.sm90_ws_main_kernel, flat_dq=True, ds_out=True),
+        make=partial(_bwd64.sm90_ws_main_kernel, flat_dq=True, ds_out=True, ds_evict_first=True),
         expect=("HGMMA", "UTMALDG", "UBLKCP", "USETMAXREG", "STSM"),
         forbid=("HMMA.16816", "UTCHMMA", "REDG", "UTMAREDG", "UBLKRED"),
         notes="the warp-specialized backward main of the split chain: each pair's bf16 dS tile bulk-stored "
-              "to a workspace slot in q-owned order instead of dQ = dS K and its fp32 reduce-add",
+              "to a workspace slot in q-owned order (L2 policy evict_first, as routed) instead of dQ = dS K "
+              "and its fp32 reduce-add",
     ),
     CuteKernelSpec(
         name=_bwd64.SM90_DQ_REGISTRY_NAME,
         archs=("sm_90a",),
-        make=_bwd64.sm90_dq_from_ds_kernel,
+        make=partial(_bwd64.sm90_dq_from_ds_kernel, ds_evict_first=True),
         expect=("HGMMA", "UTMALDG", "UBLKCP"),
         forbid=("HMMA.16816", "UTCHMMA", "REDG", "UTMAREDG", "UBLKRED"),
         notes="the split chain's q-owned dQ kernel: dq = scale * sum_j dS_ij K_j in registers from the dS "
-              "tiles (bulk copy) and K (TMA), one fixed order, bf16 rows written once",
+              "tiles (bulk copy, evict_first, as routed) and K (TMA), one fixed order, bf16 rows written once",
     ),
 )
 

@@ -83,16 +83,19 @@ def test_q_groups_match_the_fp32_reference(case, q_groups, cap):
         assert err <= 2 ** -7, (name, err)
 
 
-HINTS = dict(ds_evict_first=True, k_evict_last=True)
+NO_HINTS = dict(ds_evict_first=False)
 
 
-@pytest.mark.parametrize("cfg, main", [(dict(stages=3, ctas_per_sm=3), None), (dict(stages=2, ctas_per_sm=3), None),
-                                       (dict(S.DQ_CONFIG, **HINTS), dict(ds_evict_first=True))],
-                         ids=["s3c3", "s2c3", "l2hints"])
+@pytest.mark.parametrize("cfg, main", [(dict(S.DQ_CONFIG, stages=3, ctas_per_sm=3), None),
+                                       (dict(S.DQ_CONFIG, stages=2, ctas_per_sm=3), None),
+                                       (dict(S.DQ_CONFIG, **NO_HINTS), NO_HINTS),
+                                       (dict(S.DQ_CONFIG, k_evict_last=True), None)],
+                         ids=["s3c3", "s2c3", "l2hints-off", "l2hints-k"])
 def test_other_dq_builds_give_the_same_bits(cfg, main):
     """The dQ kernel's ring depth and CTAs per SM change when bytes arrive, never the sum's order, and the L2
-    cache hints (``l2hints``: dS stored and loaded evict_first, K loaded evict_last) change nothing but the
-    cache's choices: dq/dk/dv equal the default build's bit for bit (ragged NaN/Inf padding, an empty q row)."""
+    cache hints (the default's dS stored and loaded evict_first, here switched off: ``l2hints-off``; K loaded
+    evict_last as well: ``l2hints-k``) change nothing but the cache's choices: dq/dk/dv equal the default
+    build's bit for bit (ragged NaN/Inf padding, an empty q row)."""
     q, k, v, do, idx, num, vbs, pad = make_case(nb=12, topk=5, batch=2, heads=3, excluded=(3,), empty_q=(0, 5), seed=7)
     o, lse, rdq, rdk, rdv = reference(q, k, v, do, idx, num, vbs)
     kidx, knum = invert_indices(idx, num, vbs.numel())
