@@ -1,11 +1,10 @@
-# Device side, 2026-12-07 (thirty-fourth session), after call 1 (stage): on an H200, issue 17's table first
-# (v41, the split backward with the dS L2 hint on by default); on any card, the split suite with the new
-# default (other dQ builds and the hints switched off / K evict_last: the same bits), then the hints explorer
-# (split_nol2 = the hint off, split_l2dsk = K evict_last as well), three settled rounds.
-# Carry [".gpu/b", ".gpu/d", ".gpu/e"]; results under $OUT.
+# Device side, 2026-12-07 (thirty-fourth session), after call 1 (stage): the split suite with the new default
+# (other dQ builds and the hints switched off / K evict_last: the same bits), then, unless on an H200 (where
+# issue 17's table comes next: table.sh, carry [".gpu/d", ".gpu/e"]), the hints explorer (split_nol2 = the
+# hint off, split_l2dsk = K evict_last as well), three settled rounds. Carry [".gpu/b", ".gpu/e"]; results
+# under $OUT.
 . .gpu/e/setup.sh
 gpu=$(python3 -c "import torch;print('h200' if 'H200' in torch.cuda.get_device_name() else 'h100')")
-if [ "$gpu" = h200 ]; then VER=${VER:-v41} E2E=1 T1=${T1:-260} T2=${T2:-150} T3=${T3:-130} bash .gpu/e/table.sh; fi
 timeout ${T4:-200} python3 -m pytest -q -rA -m gpu tests/kernels/cute/test_block_sparse_bwd64_sm90_split_gpu.py \
   > $OUT/${gpu}_split_suite_tests.log 2>&1
 tail -2 $OUT/${gpu}_split_suite_tests.log
