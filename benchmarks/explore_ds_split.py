@@ -29,14 +29,13 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-def dq_variant(name: str) -> dict:
-    """``s<stages>c<ctas per SM>`` -> the dQ kernel's configuration (the adapter's otherwise: its L2 hint kept)."""
+def dq_variant(name: str, base: dict) -> dict:
+    """``s<stages>c<ctas per SM>`` -> the dQ kernel's configuration (``base``, the adapter's, otherwise: its L2
+    hint kept)."""
     m = re.fullmatch(r"s(\d)c(\d)", name)
     if m is None:
         raise SystemExit(f"--dq-variants: expected s<stages>c<ctas>, got {name!r}")
-    from fastvideo_cute.adapters.cute_sm90_bwd64_split import DQ_CONFIG
-
-    return dict(DQ_CONFIG, stages=int(m.group(1)), ctas_per_sm=int(m.group(2)))
+    return dict(base, stages=int(m.group(1)), ctas_per_sm=int(m.group(2)))
 
 
 def main(argv=None) -> int:
@@ -48,7 +47,7 @@ def main(argv=None) -> int:
     from fastvideo_cute.adapters import cudnn_bsa as C
     from fastvideo_cute.adapters.cute_sm90_bwd64 import sm90_block_sparse_bwd64
     from fastvideo_cute.backends.sm90_backend import _BWD_WS_CONFIG as ROUTE
-    from fastvideo_cute.adapters.cute_sm90_bwd64_split import chunk_slots, sm90_block_sparse_bwd64_split
+    from fastvideo_cute.adapters.cute_sm90_bwd64_split import DQ_CONFIG, chunk_slots, sm90_block_sparse_bwd64_split
     from fastvideo_cute.metadata import map_to_index
 
     p = argparse.ArgumentParser()
@@ -72,7 +71,7 @@ def main(argv=None) -> int:
                    help="also every dQ build with every q-group value (entry split_<variant>_g<value>)")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
-    variants = {name: dq_variant(name) for name in args.dq_variants}
+    variants = {name: dq_variant(name, DQ_CONFIG) for name in args.dq_variants}
     groups = [g if g == "auto" else int(g) for g in args.q_groups]
     rows = []
     for name in args.cases:
@@ -113,7 +112,6 @@ def main(argv=None) -> int:
         entries.update({f"split_g{g}": split_with(q_groups=g) for g in groups})
         entries.update({f"split_cap{c:g}": split_with(workspace_cap=int(c * (1 << 30))) for c in args.caps})
         if args.hints:
-            from fastvideo_cute.adapters.cute_sm90_bwd64_split import DQ_CONFIG
             off = {"ds_evict_first": False}
             entries["split_nol2"] = split_with(dq_config=dict(DQ_CONFIG, **off), main_config=off)
             entries["split_l2dsk"] = split_with(dq_config=dict(DQ_CONFIG, k_evict_last=True))

@@ -9,11 +9,5 @@ timeout ${T1:-200} python3 benchmarks/explore_ds_split.py --cases 65536 32768 gr
   --out $OUT/bwd64_split_${gpu}_hints.json > $OUT/bwd64_split_${gpu}_hints.log 2>&1
 timeout ${T2:-200} python3 benchmarks/explore_fwd64_sm90.py --rounds ${R:-5} --variants h xh --no-gate \
   --out $OUT/fwd64_sm90_${gpu}_hints.json > $OUT/fwd64_sm90_${gpu}_hints.log 2>&1
-python3 - <<PY
-import json
-d = json.load(open("$OUT/bwd64_split_${gpu}_hints.json"))
-for r in d["rows"]:
-    print("bwd", r["case"], {k: round(v, 3) for k, v in r["round_ratio_vs_cudnn"].items() if k != "slots"},
-          r["variant_bitwise_equal_split"])
-PY
+python3 benchmarks/device/split_rows.py $OUT/bwd64_split_${gpu}_hints.json
 tail -c 1500 $OUT/fwd64_sm90_${gpu}_hints.log

@@ -11,10 +11,4 @@ tail -2 $OUT/${gpu}_split_suite_tests.log
 [ "$gpu" = h200 ] && [ -z "${EXPLORE:-}" ] && exit 0
 timeout ${T5:-170} python3 benchmarks/explore_ds_split.py --cases 65536 32768 grid --rounds ${R:-3} --hints \
   --out $OUT/bwd64_split_${gpu}_hints_s34.json > $OUT/bwd64_split_${gpu}_hints_s34.log 2>&1
-python3 - <<PY
-import json
-d = json.load(open("$OUT/bwd64_split_${gpu}_hints_s34.json"))
-for r in d["rows"]:
-    print("bwd", r["case"], {k: round(v, 3) for k, v in r["round_ratio_vs_cudnn"].items() if k != "slots"},
-          r["variant_bitwise_equal_split"])
-PY
+python3 benchmarks/device/split_rows.py $OUT/bwd64_split_${gpu}_hints_s34.json

@@ -40,15 +40,16 @@ __all__ = ["DQ_CONFIG", "SPLIT_MAIN_CONFIG", "WORKSPACE_CAP", "head_chunks", "pa
 SPLIT_MAIN_CONFIG = {"narrow_dq": True, "p_stages": 2, "flat_dq": True, "zero_pad_v": True, "ticket_dkv": True,
                      "tma_dkv": True, "ds_out": True, "grouped": False, "ds_evict_first": True}
 #: the dQ kernel's build (``BlockSparseDq64Sm90``'s configuration): a 4-slot ring at two CTAs per SM (the
-#: kernel's defaults), the dS tiles loaded evict_first. Ring and CTAs measured on H100s through this adapter against cuDNN's blk64 backward in the same rounds
+#: kernel's defaults), the dS tiles loaded evict_first. Ring and CTAs measured on H100s through this adapter
+#: against cuDNN's blk64 backward in the same rounds
 #: (benchmarks/results/bwd64_split_h100_s31{a,b,c}.json, s32a.json; s32a's entries settled, five rounds):
 #: against the 3-slot ring at three CTAs per SM, +1.1 / +1.1 / -2.0 / +2.8 % at 32,768 tokens, +3.7 / +1.2 /
 #: -3.2 / +1.8 % on the Wan-1.3B grid, +15.8 / +13.7 / +5.1 / -0.4 % at 65,536 (a, b, c unsettled). The same
 #: bits either way (the order of the sum does not depend on the ring). The L2 hint (dS stored by the main
-#: kernel and loaded here evict_first; the same bits) against none, H100, five settled rounds
-#: (benchmarks/results/bwd64_split_h100_hints.json, 2026-12-07): median +1.7 % at 65,536 tokens, +1.2 % at
-#: 32,768, +2.4 % on the Wan-1.3B grid, ahead in 14 of the 15 rounds; K loaded evict_last as well
-#: (``k_evict_last``) led by less at 32,768 and on the grid: left off.
+#: kernel and loaded here evict_first; the same bits) against none, H100, three runs of settled rounds
+#: (benchmarks/results/bwd64_split_h100_hints{,_s34,_s34b}.json, 2026-12-07), medians: +1.7 / +4.2 / +1.9 %
+#: at 65,536 tokens, +1.2 / -1.2 / -1.0 % at 32,768, +2.4 / -0.6 / -0.9 % on the Wan-1.3B grid (even there,
+#: within the rounds' spread); K loaded evict_last as well (``k_evict_last``): nothing consistent, left off.
 DQ_CONFIG = {"stages": 4, "ctas_per_sm": 2, "ds_evict_first": True}
 DS_TILE_ELEMS = BLOCK * BLOCK
 #: bf16 elements of the workspace that ``ticket_dkv`` takes per kv block with q groups (its fp32 dK and dV parts)
