@@ -38,7 +38,8 @@ def ours(q, k, v, idx, num, sizes, *, bshd: bool, gate=None, out_c=None, variant
 _VARIANT_KEYS = {"k": "k_stages", "v": "v_stages", "c": "ctas_per_sm"}
 _VARIANT_FLAGS = {"l": ("lazy_rescale", True), "e": ("lazy_rescale", False), "u": ("lazy_vote", True),
                   "n": ("lazy_vote", False), "p": ("partial_loads", True), "t": ("narrow_tiles", True),
-                  "w": ("narrow_tiles", False), "x": ("packed_steps", True), "h": ("l2_hints", True)}
+                  "w": ("narrow_tiles", False), "x": ("packed_steps", True), "h": ("l2_hints", True),
+                 "V": ("probe_loads", "skip_v"), "K": ("probe_loads", "skip_kv"), "Z": ("probe_loads", "tile0")}
 
 
 def parse_variant(spec: str) -> dict:
@@ -46,7 +47,8 @@ def parse_variant(spec: str) -> dict:
     q_regs=112 (Q's first 112 columns in registers: those k-steps of S as RS wgmma; ``q`` alone:
     128); the flags ``l`` / ``e`` (lazy_rescale on / off), ``u`` / ``n`` (lazy_vote on / off) and
     ``p`` (partial_loads), ``t`` / ``w`` (narrow_tiles on / off), ``x`` (packed_steps: the lists
-    packed by ``pack_steps`` inside the timed call) and ``h`` (l2_hints: L2 policies on the TMA copies) anywhere, e.g.
+    packed by ``pack_steps`` inside the timed call) and ``h`` (l2_hints: L2 policies on the TMA copies) anywhere, and the timing probes ``V`` / ``K`` / ``Z``
+    (probe_loads skip_v / skip_kv / tile0: wrong outputs, the loop's bytes cut or always hit), e.g.
     ``"q112l"`` (the kernel's defaults for what is left out; ``"base"`` is the default build)."""
     import re
 

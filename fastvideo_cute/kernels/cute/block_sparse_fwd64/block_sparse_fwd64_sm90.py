@@ -174,7 +174,7 @@ class BlockSparseFwd64Sm90(CuteKernel):
                  stmatrix_epilogue: bool = False, q_regs: int = 0, lazy_rescale: bool = True,
                  lazy_vote: Optional[bool] = None, partial_loads: bool = False, store_out_s: bool = False,
                  merge_prev: bool = False, narrow_tiles: bool = True, packed_steps: bool = False,
-                 l2_hints: bool = False):
+                 l2_hints: bool = False, probe_loads: str = ""):
         if dtype not in DTYPE_NAMES:
             raise ValueError(f"dtype must be one of {DTYPE_NAMES}, got {dtype!r}")
         if head_dim not in HEAD_DIMS:
@@ -223,6 +223,15 @@ class BlockSparseFwd64Sm90(CuteKernel):
         # L2 cache policies on the TMA copies: Q (read once) and the outputs (written once) evict_first, the
         # whole K / V tiles (read by every query tile that selected them) evict_last; hints only, the same bits
         self.l2_hints = bool(l2_hints)
+        # (a timing probe, never routed: its output is wrong) the loop's V loads ("skip_v") or K and V loads
+        # ("skip_kv") replaced by a bare barrier arrival, or every load of tile 0 ("tile0"): the same
+        # instruction chain with fewer (or always-hit) L2 bytes, to tell whether the forward waits on bytes
+        if probe_loads not in ("", "skip_v", "skip_kv", "tile0"):
+            raise ValueError(f"probe_loads must be '', 'skip_v', 'skip_kv' or 'tile0', got {probe_loads!r}")
+        if probe_loads and (partial_loads or packed_steps or k_stages != 1 or fuse_gate):
+            raise ValueError("probe_loads is a timing probe of the default build (no partial_loads, packed_steps, "
+                             "fuse_gate; one K slot)")
+        self.probe_loads = str(probe_loads)
 
     def config(self) -> Mapping[str, Any]:
         return {"dtype": self.dtype_name, "head_dim": self.head_dim, "has_block_sizes": self.has_block_sizes,
@@ -231,7 +240,8 @@ class BlockSparseFwd64Sm90(CuteKernel):
                 "q_regs": self.q_regs, "lazy_rescale": self.lazy_rescale, "lazy_vote": self.lazy_vote,
                 "partial_loads": self.partial_loads, "store_out_s": self.store_out_s,
                 "merge_prev": self.merge_prev, "narrow_tiles": self.narrow_tiles, "packed_steps": self.packed_steps,
-                **({"l2_hints": True} if self.l2_hints else {})}
+                **({"l2_hints": True} if self.l2_hints else {}),
+                **({"probe_loads": self.probe_loads} if self.probe_loads else {})}
 
     def fake_args(self) -> tuple:
         dt = _CUTE_DTYPES[self.dtype_name]
@@ -543,6 +553,8 @@ class BlockSparseFwd64Sm90(CuteKernel):
                     self.load_step(tma_atom_K, tKgK, tKsK, k16, bar_k, tx["k"], Int32(0), st_nxt, False)
                 elif const_expr(self.partial_loads):
                     self.load_kv(tma_atom_K, tKgK, tKsK, k16, bar_k, tx["k"], Int32(0), n_next, keys_nxt, False)
+                elif const_expr(self.probe_loads == "skip_kv"):
+                    bar_k.arrive_and_expect_tx(0, 0)
                 else:
                     self.load_tile(tma_atom_K, tKgK, tKsK, bar_k, tx["k"], 0,
                                    n_next if const_expr(ks == 1) else gIdx[ks])
@@ -586,6 +598,8 @@ class BlockSparseFwd64Sm90(CuteKernel):
                         self.load_step(tma_atom_V, tVgV, tVsV, v16, bar_v, tx["v"], j % vs, st_cur, True)
                     elif const_expr(self.partial_loads):
                         self.load_kv(tma_atom_V, tVgV, tVsV, v16, bar_v, tx["v"], j % vs, n_cur, keys_cur, True)
+                    elif const_expr(self.probe_loads in ("skip_v", "skip_kv")):
+                        bar_v.arrive_and_expect_tx((j + vs - 2) % vs, 0)
                     else:
                         self.load_tile(tma_atom_V, tVgV, tVsV, bar_v, tx["v"], (j + vs - 2) % vs,
                                        n_cur if const_expr(vs == 2) else n_next)
@@ -608,6 +622,8 @@ class BlockSparseFwd64Sm90(CuteKernel):
                         self.load_step(tma_atom_K, tKgK, tKsK, k16, bar_k, tx["k"], k_slot, st_nxt, False)
                     elif const_expr(self.partial_loads):
                         self.load_kv(tma_atom_K, tKgK, tKsK, k16, bar_k, tx["k"], k_slot, n_k, keys_nxt, False)
+                    elif const_expr(self.probe_loads == "skip_kv"):
+                        bar_k.arrive_and_expect_tx(k_slot, 0)
                     else:
                         self.load_tile(tma_atom_K, tKgK, tKsK, bar_k, tx["k"], k_slot, n_k)
                 moved = self.softmax(acc_S, acc_S_mn, tScS, keys_cur, row_max, row_sum, alpha, neg_scaled,
@@ -737,6 +753,8 @@ class BlockSparseFwd64Sm90(CuteKernel):
                   slot: Int32, n: Int32):
         """(warp 0) kv tile ``n`` into ring slot ``slot``, on that slot's transaction barrier."""
         bar.arrive_and_expect_tx(slot, tx_bytes)
+        if const_expr(self.probe_loads == "tile0"):
+            n = Int32(0)
         cute.copy(tma_atom, tXgX[None, n], tXsX[None, slot], tma_bar_ptr=bar.get_barrier(slot),
                   **tma_policy(L2_EVICT_LAST if self.l2_hints else 0))
 
