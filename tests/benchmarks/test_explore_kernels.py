@@ -19,6 +19,9 @@ def explore(load_script):
     ("e", {"lazy_rescale": False}),
     ("q64e", {"q_regs": 64, "lazy_rescale": False}),
     ("xh", {"packed_steps": True, "l2_hints": True}),
+    ("V", {"probe_loads": "skip_v"}),
+    ("K", {"probe_loads": "skip_kv"}),
+    ("Z", {"probe_loads": "tile0"}),
 ])
 def test_variant_grammar(explore, spec, want):
     assert explore.parse_variant(spec) == want
@@ -28,7 +31,7 @@ def test_variants_are_kernel_configurations(explore):
     pytest.importorskip("cutlass")
     from fastvideo_cute.kernels.cute.block_sparse_fwd64 import sm90_kernel_class
 
-    for spec in ("base", "q112l", "c2q", "e", "k2c2", "xh"):
+    for spec in ("base", "q112l", "c2q", "e", "k2c2", "xh", "V", "K", "Z"):
         sm90_kernel_class()("bfloat16", 128, **explore.parse_variant(spec))
 
 

@@ -275,3 +275,26 @@ def test_l2_hints_put_policies_on_the_tma_copies_only(config):
     assert re.findall(r"UTMASTG[^;]*desc\[URZ\]", hinted.sass) == []  # every output store with a policy
     assert inflight_operand_writes(hinted.sass) == []
     assert "l2_hints" not in sm90_kernel(**config).config() and sm90_kernel(l2_hints=True).config()["l2_hints"]
+
+
+def test_load_probes_drop_only_the_loop_loads():
+    """``probe_loads`` (a timing probe of the default build, never routed): ``skip_v`` drops the loop's V load
+    site, ``skip_kv`` the loop's K and V sites (the prologue's and Q's loads stay), ``tile0`` keeps every
+    copy site; the wgmma pipeline is the default build's, no register limit broken, no in-flight operand
+    written. Refused beside the builds it does not probe, and absent from the default's compile key."""
+    from fastvideo_cute.kernels.cute.block_sparse_fwd64 import sm90_kernel
+
+    base = _variant_report()
+    for probe, dropped in (("skip_v", 1), ("skip_kv", 3), ("tile0", 0)):
+        report = _variant_report(f"block_sparse_fwd64_sm90_probe_{probe}", probe_loads=probe)
+        print(report.line)
+        assert report.ok and report.spill == 0 and report.regs <= 168, report.line
+        # each load site is one UTMALDG on each of the paths ptxas duplicates it into (2 a site here)
+        assert report.count("UTMALDG") == base.count("UTMALDG") - 2 * dropped, report.line
+        assert report.count("HGMMA") == base.count("HGMMA")
+        assert inflight_operand_writes(report.sass) == []
+    assert "probe_loads" not in sm90_kernel().config() and sm90_kernel(probe_loads="tile0").config()["probe_loads"]
+    with pytest.raises(ValueError, match="probe_loads"):
+        sm90_kernel(probe_loads="skip_q")
+    with pytest.raises(ValueError, match="probe_loads"):
+        sm90_kernel(probe_loads="skip_v", packed_steps=True)
