@@ -4,7 +4,7 @@
 # whether the 64-token forward waits on L2 bytes. Carry [".gpu/b", ".gpu/e"]; results under $OUT.
 . .gpu/e/setup.sh
 gpu=$(python3 -c "import torch;print('h200' if 'H200' in torch.cuda.get_device_name() else 'h100')")
-timeout ${T1:-400} python3 benchmarks/explore_fwd64_sm90.py --no-gate --rounds ${R:-3} --variants base V K Z \
+timeout ${T1:-400} python3 benchmarks/explore_fwd64_sm90.py --no-gate --rounds ${R:-3} --variants V K Z \
   --out $OUT/fwd64_sm90_${gpu}_probe_loads.json > $OUT/fwd64_sm90_${gpu}_probe_loads.log 2>&1
 python3 - "$OUT/fwd64_sm90_${gpu}_probe_loads.json" <<'PY'
 import json, sys
