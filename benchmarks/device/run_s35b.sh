@@ -14,3 +14,6 @@ for row in r["timing"]:
           " ".join("%s %.3f ms (%.3fx base%s)" % (k, v["ms"], v["vs_base"], ", same bits" if v["bitwise_equal_base"] else "")
                    for k, v in row["variants"].items()))
 PY
+timeout ${T2:-90} python3 -m pytest -q -rA -m gpu tests/kernels/cute/test_block_sparse_fwd64_sm90_gpu.py -k prefetch2 \
+  > $OUT/${gpu}_fwd64_prefetch2_tests.log 2>&1
+tail -2 $OUT/${gpu}_fwd64_prefetch2_tests.log
