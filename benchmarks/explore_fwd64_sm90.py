@@ -35,12 +35,12 @@ def ours(q, k, v, idx, num, sizes, *, bshd: bool, gate=None, out_c=None, variant
                       kv_splits=kv_splits)
 
 
-_VARIANT_KEYS = {"k": "k_stages", "v": "v_stages", "c": "ctas_per_sm", "f": "l2_prefetch"}
+_VARIANT_KEYS = {"k": "k_stages", "v": "v_stages", "c": "ctas_per_sm"}
 _VARIANT_FLAGS = {"l": ("lazy_rescale", True), "e": ("lazy_rescale", False), "u": ("lazy_vote", True),
                   "n": ("lazy_vote", False), "p": ("partial_loads", True), "t": ("narrow_tiles", True),
                   "w": ("narrow_tiles", False), "x": ("packed_steps", True), "h": ("l2_hints", True),
                  "V": ("probe_loads", "skip_v"), "K": ("probe_loads", "skip_kv"), "Z": ("probe_loads", "tile0"),
-                 "W": ("probe_loads", "win16"), "Y": ("probe_loads", "win128")}
+                 "W": ("probe_loads", "win16")}
 
 
 def parse_variant(spec: str) -> dict:
@@ -49,9 +49,8 @@ def parse_variant(spec: str) -> dict:
     128); the flags ``l`` / ``e`` (lazy_rescale on / off), ``u`` / ``n`` (lazy_vote on / off) and
     ``p`` (partial_loads), ``t`` / ``w`` (narrow_tiles on / off), ``x`` (packed_steps: the lists
     packed by ``pack_steps`` inside the timed call) and ``h`` (l2_hints: L2 policies on the TMA copies) anywhere, and the timing probes ``V`` / ``K`` / ``Z``
-    (probe_loads skip_v / skip_kv / tile0: wrong outputs, the loop's bytes cut or always hit; ``W`` / ``Y``:
-    every load from a window of 16 / 128 tiles a head), ``f<n>`` (l2_prefetch: each entry's K / V rows asked of
-    the L2 n entries ahead), e.g.
+    (probe_loads skip_v / skip_kv / tile0: wrong outputs, the loop's bytes cut or always hit; ``W``:
+    every load from a window of 16 tiles a head), e.g.
     ``"q112l"`` (the kernel's defaults for what is left out; ``"base"`` is the default build)."""
     import re
 
@@ -60,9 +59,9 @@ def parse_variant(spec: str) -> dict:
         return out
     if rest.endswith("st"):
         out["stmatrix_epilogue"], rest = True, rest[:-2]
-    for key, val in re.findall(r"([kvcf])(\d)", rest):
+    for key, val in re.findall(r"([kvc])(\d)", rest):
         out[_VARIANT_KEYS[key]] = int(val)
-    rest = re.sub(r"[kvcf]\d", "", rest)
+    rest = re.sub(r"[kvc]\d", "", rest)
     m = re.search(r"q(\d*)", rest)
     if m:
         out["q_regs"] = int(m.group(1) or 128)

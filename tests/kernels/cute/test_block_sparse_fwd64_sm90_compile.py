@@ -299,28 +299,3 @@ def test_load_probes_drop_only_the_loop_loads():
     with pytest.raises(ValueError, match="probe_loads"):
         sm90_kernel(probe_loads="skip_v", packed_steps=True)
 
-
-@pytest.mark.parametrize("config", [{}, {"fuse_gate": True, "store_out_s": True}], ids=["plain", "gate_train"])
-def test_l2_prefetch_adds_only_prefetches(config):
-    """``l2_prefetch = p``: warp 0's lanes ask the L2 for each list entry's K and V rows ``p`` entries ahead
-    (``UBLKPF.L2``, 4 requests a lane per entry: p entries in the prologue, one in the loop), beside the
-    default build's loads and wgmma waits; registers within the three-CTAs-per-SM budget, no spill, no
-    in-flight wgmma operand written. Refused for the lists it is not written for; absent from the default's
-    compile key."""
-    from fastvideo_cute.kernels.cute.block_sparse_fwd64 import sm90_kernel
-
-    plain = _variant_report(**config)
-    for p in (1, 4):
-        report = _variant_report(f"block_sparse_fwd64_sm90_pf{p}", l2_prefetch=p, **config)
-        print(report.line)
-        assert report.ok and report.spill == 0 and report.regs <= 168, report.line
-        assert len(re.findall(r"UBLKPF\.L2", report.sass)) == 4 * (p + 1), report.line
-        assert plain.count("UBLKPF") == 0
-        assert report.count("UTMALDG") == plain.count("UTMALDG")
-        assert report.count("WARPGROUP.DEPBAR") == plain.count("WARPGROUP.DEPBAR")
-        assert inflight_operand_writes(report.sass) == []
-    assert "l2_prefetch" not in sm90_kernel().config() and sm90_kernel(l2_prefetch=2).config()["l2_prefetch"] == 2
-    with pytest.raises(ValueError, match="l2_prefetch"):
-        sm90_kernel(l2_prefetch=5)
-    with pytest.raises(ValueError, match="l2_prefetch"):
-        sm90_kernel(l2_prefetch=2, packed_steps=True)

@@ -82,6 +82,12 @@ specialisation; the latency is hidden by three CTAs per SM, ``min_blocks_per_mp=
     the gate (``out = (w_prev * prev_o + w * out) / (w_prev + w)``, ``w = exp(lse - max)``, the
     merged LSE written over ``lse``; empty on both sides: 0 and -inf; a NaN on either side: NaN),
     so one head's resident K/V is one range's;
+  - ``probe_loads`` (a timing probe, never routed: its output is wrong): the loop's V loads, or K's and
+    V's, replaced by a bare barrier arrival, or every load from tile 0 / tile ``n % 16``. On an H100
+    (``benchmarks/results/fwd64_sm90_h100_probe_loads.json``, ``_prefetch.json``) the same chain with no
+    loop loads is 1.40-1.47x the default, the same bytes from one tile 1.25-1.32x and from 16 tiles a head
+    1.20-1.27x: the kernel waits on where its K / V bytes come from, not on the bytes or on its chain
+    alone (docs/hopper-64-token.md);
   - the pipeline is a configuration too (``k_stages`` 1-3 K slots, ``v_stages`` 2-3 V slots,
     ``ctas_per_sm``, ``stmatrix_epilogue``): with ``k_stages`` slots K[j + k_stages] is issued once
     S[j] retires, with three V slots V[j + 1] is issued at step j. The default (one K slot, two V
@@ -117,7 +123,7 @@ from quack import layout_utils
 
 from fastvideo_cute.jit import CuteKernel, fake_stream
 
-from ..common.bulk import L2_EVICT_FIRST, L2_EVICT_LAST, bulk_prefetch_l2, tma_policy
+from ..common.bulk import L2_EVICT_FIRST, L2_EVICT_LAST, tma_policy
 from ..common.softmax import finalize_row, mask_keys_mn, mask_keys_pieces_mn, merge_weights, online_softmax_rows
 from ..common.wgmma import wgmma_gemm
 
@@ -139,8 +145,8 @@ STEP_WHOLE = 32
 STEP_KEYS_MASK = 31
 STEP_PIECE_SHIFT = 6
 # (``probe_loads``, a timing probe) the loop's V loads or K and V loads dropped, every load of tile 0, or of
-# tile ``n % W`` (a per-head working set of W tiles)
-PROBES = ("", "skip_v", "skip_kv", "tile0", "win16", "win128")
+# tile ``n % 16`` (a per-head working set of 16 tiles, 512 KB of K and V at head_dim 128)
+PROBES = ("", "skip_v", "skip_kv", "tile0", "win16")
 # (``lazy_rescale``) a row's reference max moves only when the row's max passes it by more than
 # this, in log2 units: P <= 2^8 (exact in bf16/fp16 to the same relative precision as P <= 1)
 RESCALE_THRESHOLD = 8.0
@@ -177,7 +183,7 @@ class BlockSparseFwd64Sm90(CuteKernel):
                  stmatrix_epilogue: bool = False, q_regs: int = 0, lazy_rescale: bool = True,
                  lazy_vote: Optional[bool] = None, partial_loads: bool = False, store_out_s: bool = False,
                  merge_prev: bool = False, narrow_tiles: bool = True, packed_steps: bool = False,
-                 l2_hints: bool = False, probe_loads: str = "", l2_prefetch: int = 0):
+                 l2_hints: bool = False, probe_loads: str = ""):
         if dtype not in DTYPE_NAMES:
             raise ValueError(f"dtype must be one of {DTYPE_NAMES}, got {dtype!r}")
         if head_dim not in HEAD_DIMS:
@@ -227,21 +233,14 @@ class BlockSparseFwd64Sm90(CuteKernel):
         # whole K / V tiles (read by every query tile that selected them) evict_last; hints only, the same bits
         self.l2_hints = bool(l2_hints)
         # (a timing probe, never routed: its output is wrong) the loop's V loads ("skip_v") or K and V loads
-        # ("skip_kv") replaced by a bare barrier arrival, or every load of tile 0 ("tile0"): the same
-        # instruction chain with fewer (or always-hit) L2 bytes, to tell whether the forward waits on bytes
+        # ("skip_kv") replaced by a bare barrier arrival, or every load of tile 0 ("tile0") or of tile n % 16
+        # ("win16"): the same instruction chain with fewer bytes or the same bytes from a small working set
         if probe_loads not in PROBES:
             raise ValueError(f"probe_loads must be one of {PROBES}, got {probe_loads!r}")
         if probe_loads and (partial_loads or packed_steps or k_stages != 1 or fuse_gate):
             raise ValueError("probe_loads is a timing probe of the default build (no partial_loads, packed_steps, "
                              "fuse_gate; one K slot)")
         self.probe_loads = str(probe_loads)
-        # each list entry's K and V rows asked of the L2 (``bulk_prefetch_l2``, one 2 * head_dim-byte row a
-        # request, warp 0's lanes) l2_prefetch entries ahead of its TMA loads; hints only, the same bits
-        if l2_prefetch not in (0, 1, 2, 3, 4, 6, 8):
-            raise ValueError(f"l2_prefetch (list entries ahead) must be one of 0, 1, 2, 3, 4, 6, 8, got {l2_prefetch!r}")
-        if l2_prefetch and (partial_loads or packed_steps):
-            raise ValueError("l2_prefetch is written for whole-tile lists (no partial_loads, packed_steps)")
-        self.l2_prefetch = int(l2_prefetch)
 
     def config(self) -> Mapping[str, Any]:
         return {"dtype": self.dtype_name, "head_dim": self.head_dim, "has_block_sizes": self.has_block_sizes,
@@ -251,8 +250,7 @@ class BlockSparseFwd64Sm90(CuteKernel):
                 "partial_loads": self.partial_loads, "store_out_s": self.store_out_s,
                 "merge_prev": self.merge_prev, "narrow_tiles": self.narrow_tiles, "packed_steps": self.packed_steps,
                 **({"l2_hints": True} if self.l2_hints else {}),
-                **({"probe_loads": self.probe_loads} if self.probe_loads else {}),
-                **({"l2_prefetch": self.l2_prefetch} if self.l2_prefetch else {})}
+                **({"probe_loads": self.probe_loads} if self.probe_loads else {})}
 
     def fake_args(self) -> tuple:
         dt = _CUTE_DTYPES[self.dtype_name]
@@ -349,7 +347,7 @@ class BlockSparseFwd64Sm90(CuteKernel):
         sizes = mSizes if const_expr(self.has_block_sizes) else mNum  # a placeholder never read
         self.kernel(
             tma_atom_Q, tma_Q, tma_atom_K, tma_K, tma_atom_V, tma_V, tma_atom_O, tma_O, tma_atom_G, tma_G, out_c,
-            tma_atom_Os, tma_Os, prev_o, tma_atom_K16, tma_K16, tma_atom_V16, tma_V16, mK, mV, mLSE, mIdx, mNum, sizes,
+            tma_atom_Os, tma_Os, prev_o, tma_atom_K16, tma_K16, tma_atom_V16, tma_V16, mLSE, mIdx, mNum, sizes,
             sQ_layout, sK_layout, sV_layout, mma_qk, mma_qk_rs, mma_pv, scale_log2, SharedStorage,
         ).launch(grid=grid, block=(THREADS, 1, 1), smem=SharedStorage.size_in_bytes(), stream=stream,
                  # three CTAs per SM: ptxas caps a thread at 65536 / 384 registers; the full
@@ -397,7 +395,7 @@ class BlockSparseFwd64Sm90(CuteKernel):
                tma_atom_V: cute.CopyAtom, mV: cute.Tensor, tma_atom_O: cute.CopyAtom, mO: cute.Tensor,
                tma_atom_G: cute.CopyAtom, mG: cute.Tensor, mOutC: cute.Tensor,
                tma_atom_Os: cute.CopyAtom, mOs: cute.Tensor, mPrevO: cute.Tensor, tma_atom_K16: cute.CopyAtom, mK16: cute.Tensor, tma_atom_V16: cute.CopyAtom, mV16: cute.Tensor,
-               mKg: cute.Tensor, mVg: cute.Tensor, mLSE: cute.Tensor, mIdx: cute.Tensor, mNum: cute.Tensor, mSizes,
+               mLSE: cute.Tensor, mIdx: cute.Tensor, mNum: cute.Tensor, mSizes,
                sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout, sV_layout: cute.ComposedLayout,
                mma_qk: cute.TiledMma, mma_qk_rs: cute.TiledMma, mma_pv: cute.TiledMma, scale_log2: Float32,
                SharedStorage: cutlass.Constexpr):
@@ -534,9 +532,6 @@ class BlockSparseFwd64Sm90(CuteKernel):
                 for i in cutlass.range_constexpr(1, vs - 1):
                     if i < count:
                         self.load_tile(tma_atom_V, tVgV, tVsV, bar_v, tx["v"], i, gIdx[i])
-                for i in cutlass.range_constexpr(1, self.l2_prefetch + 1):  # entries 1 .. P to the L2
-                    if i < count:
-                        self.prefetch_kv(mKg, mVg, gIdx[i], tidx, seqlen_k, h, b)
             n_next = Int32(0)
             if count > 1:
                 n_next = gIdx[1]
@@ -607,9 +602,6 @@ class BlockSparseFwd64Sm90(CuteKernel):
                     keys_nxt = self.tile_keys(mSizes, n_next, seqlen_k)
                 else:
                     keys_cur = self.tile_keys(mSizes, n_cur, seqlen_k)
-                if const_expr(self.l2_prefetch > 0):  # entry j + P to the L2 (entries 1 .. P: the prologue)
-                    if warp_idx == 0 and j + self.l2_prefetch < count:
-                        self.prefetch_kv(mKg, mVg, gIdx[j + self.l2_prefetch], tidx, seqlen_k, h, b)
                 if warp_idx == 0 and j + vs - 2 < count:  # V[j + vs - 2]
                     if const_expr(self.packed_steps):
                         self.load_step(tma_atom_V, tVgV, tVsV, v16, bar_v, tx["v"], j % vs, st_cur, True)
@@ -776,22 +768,6 @@ class BlockSparseFwd64Sm90(CuteKernel):
             n = n % Int32(int(self.probe_loads[3:]))
         cute.copy(tma_atom, tXgX[None, n], tXsX[None, slot], tma_bar_ptr=bar.get_barrier(slot),
                   **tma_policy(L2_EVICT_LAST if self.l2_hints else 0))
-
-    @cute.jit
-    def prefetch_kv(self, mKg: cute.Tensor, mVg: cute.Tensor, n: Int32, lane: Int32, seqlen_k: Int32, h, b):
-        """(warp 0, ``l2_prefetch``) kv tile ``n``'s K and V rows asked of the L2: lane ``l`` asks for rows
-        ``l`` and ``l + 32`` of each (one ``2 * head_dim``-byte request a row; rows at or past the sequence's
-        end are not asked). K ``(S, D, H, B)``, V ``(D, S, H, B)``, both unit-stride on D."""
-        row_bytes = self.head_dim * 2
-        for i in cutlass.range_constexpr(BLOCK // 32):
-            row = n * BLOCK + lane + i * 32
-            if row < seqlen_k:
-                ko = (cutlass.Int64(row) * mKg.stride[0] + cutlass.Int64(h) * mKg.stride[2]
-                      + cutlass.Int64(b) * mKg.stride[3])
-                vo = (cutlass.Int64(row) * mVg.stride[1] + cutlass.Int64(h) * mVg.stride[2]
-                      + cutlass.Int64(b) * mVg.stride[3])
-                bulk_prefetch_l2(mKg.iterator + ko, row_bytes)
-                bulk_prefetch_l2(mVg.iterator + vo, row_bytes)
 
     @cute.jit
     def load_kv(self, tma_atom, tXgX, tXsX, pieces16, bar, tx_bytes: cutlass.Constexpr, slot: Int32, n: Int32,

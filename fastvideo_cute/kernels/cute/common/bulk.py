@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Bulk (non-tensor) async copies and L2 hints shared by the kernels (sm_90a and sm_100a alike)."""
+"""Bulk (non-tensor) async copies shared by the backward kernels (sm_90a and sm_100a alike)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,7 @@ from cutlass import Int32, Int64
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import dsl_user_op
 
-__all__ = ["L2_EVICT_FIRST", "L2_EVICT_LAST", "bulk_reduce_add_f32", "bulk_copy_g2s", "bulk_copy_s2g", "bulk_prefetch_l2",
-           "tma_policy"]
+__all__ = ["L2_EVICT_FIRST", "L2_EVICT_LAST", "bulk_reduce_add_f32", "bulk_copy_g2s", "bulk_copy_s2g", "tma_policy"]
 
 #: L2 cache policies for the ``.L2::cache_hint`` forms (what ``createpolicy.fractional.L2::evict_first`` /
 #: ``evict_last`` with fraction 1.0 produce; CUTLASS's ``CacheHintSm90``): also what a TMA copy takes as
@@ -83,23 +82,6 @@ def bulk_copy_s2g(smem_ptr: cute.Pointer, gmem_ptr: cute.Pointer, num_bytes, *, 
         args,
         asm,
         cons,
-        has_side_effects=True,
-        is_align_stack=False,
-        asm_dialect=llvm.AsmDialect.AD_ATT,
-    )
-
-
-@dsl_user_op
-def bulk_prefetch_l2(gmem_ptr: cute.Pointer, num_bytes, *, loc=None, ip=None):
-    """``cp.async.bulk.prefetch.L2.global``: a hint that ``num_bytes`` (a multiple of 16, the address
-    16-byte aligned) of global memory be brought into the L2; nothing waits for it and nothing is
-    written (a later load of those bytes finds them in the L2, or goes to memory as usual). Any thread
-    may issue it (one request per issuing thread)."""
-    llvm.inline_asm(
-        None,
-        [gmem_ptr.llvm_ptr, Int32(num_bytes).ir_value()],
-        "cp.async.bulk.prefetch.L2.global [$0], $1;",
-        "l,r",
         has_side_effects=True,
         is_align_stack=False,
         asm_dialect=llvm.AsmDialect.AD_ATT,
