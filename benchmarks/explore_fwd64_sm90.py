@@ -43,6 +43,30 @@ _VARIANT_FLAGS = {"l": ("lazy_rescale", True), "e": ("lazy_rescale", False), "u"
                  "W": ("probe_loads", "win16")}
 
 
+def reorder_lists(idx, num, order: str, seed: int = 0):
+    """The q2k lists ``idx`` ``(..., W)`` (``map_to_index``'s: each row's ``num`` selected kv tiles first, in
+    ascending order, then the rest) with each row's selected entries in another walk order: ``sorted`` (as
+    built), ``reversed`` or ``shuffled`` (a seeded permutation a row); the entries past ``num`` keep their
+    places. The same set a row, so the same output up to the sum's rounding: a locality measurement (do
+    CTAs that start together gain from reading neighbouring tiles at the same step?)."""
+    import torch
+
+    if order == "sorted":
+        return idx
+    if order not in ("reversed", "shuffled"):
+        raise SystemExit(f"bad --orders entry {order!r} (sorted, reversed, shuffled)")
+    width = idx.shape[-1]
+    pos = torch.arange(width, device=idx.device).expand_as(idx)
+    valid = pos < num.unsqueeze(-1)
+    if order == "reversed":
+        key = torch.where(valid, -pos, width + pos).double()
+    else:
+        g = torch.Generator(device=idx.device).manual_seed(seed)
+        key = torch.where(valid, torch.rand(idx.shape, device=idx.device, generator=g, dtype=torch.float64),
+                          2.0 + pos.double())
+    return idx.gather(-1, key.argsort(dim=-1)).contiguous()
+
+
 def parse_variant(spec: str) -> dict:
     """``"k2v3c2st"`` -> k_stages=2, v_stages=3, ctas_per_sm=2, stmatrix_epilogue=True; ``q112`` ->
     q_regs=112 (Q's first 112 columns in registers: those k-steps of S as RS wgmma; ``q`` alone:
@@ -50,13 +74,17 @@ def parse_variant(spec: str) -> dict:
     ``p`` (partial_loads), ``t`` / ``w`` (narrow_tiles on / off), ``x`` (packed_steps: the lists
     packed by ``pack_steps`` inside the timed call) and ``h`` (l2_hints: L2 policies on the TMA copies) anywhere, and the timing probes ``V`` / ``K`` / ``Z``
     (probe_loads skip_v / skip_kv / tile0: wrong outputs, the loop's bytes cut or always hit; ``W``:
-    every load from a window of 16 tiles a head), e.g.
+    every load from a window of 16 tiles a head; ``win<n>``: of n tiles), e.g.
     ``"q112l"`` (the kernel's defaults for what is left out; ``"base"`` is the default build)."""
     import re
 
     out, rest = {}, spec
     if rest == "base":
         return out
+    m = re.search(r"win(\d+)", rest)  # (the working-set probe at any window, before the one-letter flags)
+    if m:
+        out["probe_loads"] = f"win{m.group(1)}"
+        rest = rest[:m.start()] + rest[m.end():]
     if rest.endswith("st"):
         out["stmatrix_epilogue"], rest = True, rest[:-2]
     for key, val in re.findall(r"([kvc])(\d)", rest):
@@ -184,6 +212,11 @@ def timing(args):
             o_v, l_v = ours(q, k, v, idx, num, sizes, bshd=True, variant=var)
             equal[spec] = bool(torch.equal(o_v, o_o) and torch.equal(l_v, l_o))
             fns[f"ours[{spec}]"] = (lambda var=var: ours(q, k, v, idx, num, sizes, bshd=True, variant=var))
+        for order in args.orders:  # the same lists walked in another order (a locality measurement)
+            idx_r = reorder_lists(idx, num, order)
+            o_r, _ = ours(q, k, v, idx_r, num, sizes, bshd=True)
+            row.setdefault("orders_max_abs_diff_out", {})[order] = float((o_r.float() - o_o.float()).abs().max())
+            fns[f"ours[order:{order}]"] = (lambda idx_r=idx_r: ours(q, k, v, idx_r, num, sizes, bshd=True))
         for n in args.kv_splits:  # the kv-range split of the adapter (one launch per range, merged)
             o_s, l_s = ours(q, k, v, idx, num, sizes, bshd=True, kv_splits=n)
             row.setdefault("kv_splits_max_abs_diff_out", {})[str(n)] = float((o_s.float() - o_o.float()).abs().max())
@@ -225,6 +258,9 @@ def timing(args):
             ms_v = med[f"ours[{spec}]"]
             row.setdefault("variants", {})[spec] = {"ms": ms_v, "vs_cudnn": ms_c / ms_v, "vs_base": ms_o / ms_v,
                                                     "bitwise_equal_base": equal[spec]}
+        for order in args.orders:
+            ms_r = med[f"ours[order:{order}]"]
+            row.setdefault("orders", {})[order] = {"ms": ms_r, "vs_cudnn": ms_c / ms_r, "vs_sorted": ms_o / ms_r}
         if "cudnn+v_copy" in med:
             row["cudnn_with_v_copy_ms"] = med["cudnn+v_copy"]
             row["ours_vs_cudnn_with_v_copy"] = med["cudnn+v_copy"] / ms_o
@@ -246,6 +282,8 @@ def timing(args):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=None)
+    ap.add_argument("--orders", nargs="*", default=[],
+                    help="time the default on the same lists walked reversed / shuffled within each row")
     ap.add_argument("--kv-splits", type=int, nargs="*", default=[],
                     help="also time the adapter's kv-range split forward with these range counts")
     ap.add_argument("--warmup", type=int, default=10)

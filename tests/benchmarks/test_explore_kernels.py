@@ -23,6 +23,8 @@ def explore(load_script):
     ("K", {"probe_loads": "skip_kv"}),
     ("Z", {"probe_loads": "tile0"}),
     ("W", {"probe_loads": "win16"}),
+    ("win128", {"probe_loads": "win128"}),
+    ("win64n", {"probe_loads": "win64", "lazy_vote": False}),
 ])
 def test_variant_grammar(explore, spec, want):
     assert explore.parse_variant(spec) == want
@@ -32,7 +34,7 @@ def test_variants_are_kernel_configurations(explore):
     pytest.importorskip("cutlass")
     from fastvideo_cute.kernels.cute.block_sparse_fwd64 import sm90_kernel_class
 
-    for spec in ("base", "q112l", "c2q", "e", "k2c2", "xh", "V", "K", "Z", "W"):
+    for spec in ("base", "q112l", "c2q", "e", "k2c2", "xh", "V", "K", "Z", "W", "win64", "win256"):
         sm90_kernel_class()("bfloat16", 128, **explore.parse_variant(spec))
 
 
@@ -89,3 +91,32 @@ def test_bench_rounds_settles_before_every_entry_and_rotates(explore, monkeypatc
     calls.clear()
     explore.bench_rounds({"a": fns["a"]}, types.SimpleNamespace(rounds=1, warmup=1, rep=1, settle=0))
     assert calls == [("settle", 0), ("time", "a")]
+
+
+@pytest.mark.parametrize("order", ["sorted", "reversed", "shuffled"])
+def test_reorder_lists_keeps_each_rows_set(explore, order):
+    """``--orders``: each row's ``num`` selected entries walked in another order, the same set; the entries past
+    ``num`` stay where they were; ``reversed`` is the built order backwards; a bad order is refused."""
+    import torch
+
+    from fastvideo_cute.metadata import map_to_index
+
+    g = torch.Generator().manual_seed(3)
+    bm = torch.rand(2, 3, 5, 9, generator=g) < 0.4
+    bm[0, 0, 0] = False  # an empty row
+    idx, num = map_to_index(bm)
+    out = explore.reorder_lists(idx, num, order)
+    assert out.shape == idx.shape and out.dtype == idx.dtype
+    for b, h, r in torch.cartesian_prod(torch.arange(2), torch.arange(3), torch.arange(5)).tolist():
+        n = int(num[b, h, r])
+        got, want = out[b, h, r], idx[b, h, r]
+        assert sorted(got[:n].tolist()) == sorted(want[:n].tolist())
+        assert torch.equal(got[n:], want[n:])
+        if order == "reversed":
+            assert got[:n].tolist() == want[:n].tolist()[::-1]
+        if order == "sorted":
+            assert torch.equal(got, want)
+    if order == "shuffled":
+        assert not torch.equal(out, idx)  # 30 rows of up to 9 entries: some row moves
+    with pytest.raises(SystemExit):
+        explore.reorder_lists(idx, num, "random")

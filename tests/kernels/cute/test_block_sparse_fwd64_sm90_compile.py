@@ -285,7 +285,7 @@ def test_load_probes_drop_only_the_loop_loads():
     from fastvideo_cute.kernels.cute.block_sparse_fwd64 import sm90_kernel
 
     base = _variant_report()
-    for probe, dropped in (("skip_v", 1), ("skip_kv", 3), ("tile0", 0), ("win16", 0)):
+    for probe, dropped in (("skip_v", 1), ("skip_kv", 3), ("tile0", 0), ("win16", 0), ("win256", 0)):
         report = _variant_report(f"block_sparse_fwd64_sm90_probe_{probe}", probe_loads=probe)
         print(report.line)
         assert report.ok and report.spill == 0 and report.regs <= 168, report.line

@@ -145,8 +145,8 @@ STEP_WHOLE = 32
 STEP_KEYS_MASK = 31
 STEP_PIECE_SHIFT = 6
 # (``probe_loads``, a timing probe) the loop's V loads or K and V loads dropped, every load of tile 0, or of
-# tile ``n % 16`` (a per-head working set of 16 tiles, 512 KB of K and V at head_dim 128)
-PROBES = ("", "skip_v", "skip_kv", "tile0", "win16")
+# tile ``n % W`` (a per-head working set of W tiles: 512 KB of K and V at W = 16, head_dim 128)
+PROBES = ("", "skip_v", "skip_kv", "tile0", "win16", "win64", "win128", "win256")
 # (``lazy_rescale``) a row's reference max moves only when the row's max passes it by more than
 # this, in log2 units: P <= 2^8 (exact in bf16/fp16 to the same relative precision as P <= 1)
 RESCALE_THRESHOLD = 8.0
@@ -233,8 +233,8 @@ class BlockSparseFwd64Sm90(CuteKernel):
         # whole K / V tiles (read by every query tile that selected them) evict_last; hints only, the same bits
         self.l2_hints = bool(l2_hints)
         # (a timing probe, never routed: its output is wrong) the loop's V loads ("skip_v") or K and V loads
-        # ("skip_kv") replaced by a bare barrier arrival, or every load of tile 0 ("tile0") or of tile n % 16
-        # ("win16"): the same instruction chain with fewer bytes or the same bytes from a small working set
+        # ("skip_kv") replaced by a bare barrier arrival, or every load of tile 0 ("tile0") or of tile n % W
+        # ("win<W>"): the same instruction chain with fewer bytes or the same bytes from a small working set
         if probe_loads not in PROBES:
             raise ValueError(f"probe_loads must be one of {PROBES}, got {probe_loads!r}")
         if probe_loads and (partial_loads or packed_steps or k_stages != 1 or fuse_gate):

@@ -1,0 +1,18 @@
+# Device side, for the session after 2026-12-07's thirty-fifth (written then, not yet run): the forward's
+# locality measurements. The default on its lists walked reversed / shuffled within each row (the same sets:
+# does the sorted walk's lockstep across CTAs already pay?), and the working-set probes at 16 / 64 / 128 / 256
+# tiles a head (wrong outputs, the same bytes), beside cuDNN's blk64 forward, three rounds. After call 1
+# (stage); carry [".gpu/b", ".gpu/e"]; results under $OUT.
+. .gpu/e/setup.sh
+gpu=$(python3 -c "import torch;print('h200' if 'H200' in torch.cuda.get_device_name() else 'h100')")
+timeout ${T1:-400} python3 benchmarks/explore_fwd64_sm90.py --no-gate --rounds ${R:-3} --orders reversed shuffled \
+  --variants ${VARS:-W win64 win128 win256} \
+  --out $OUT/fwd64_sm90_${gpu}_locality.json > $OUT/fwd64_sm90_${gpu}_locality.log 2>&1
+python3 - "$OUT/fwd64_sm90_${gpu}_locality.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+for row in r["timing"]:
+    print(row["seqlen"], row["tile"], "cudnn %.3f ours %.3f (%.3fx)" % (row["cudnn_ms"], row["ours_ms"], row["ours_vs_cudnn"]),
+          " ".join("%s %.3f ms (%.3fx sorted)" % (k, v["ms"], v["vs_sorted"]) for k, v in row.get("orders", {}).items()),
+          " ".join("%s %.3f ms (%.3fx base)" % (k, v["ms"], v["vs_base"]) for k, v in row["variants"].items()))
+PY
