@@ -83,7 +83,7 @@ specialisation; the latency is hidden by three CTAs per SM, ``min_blocks_per_mp=
     merged LSE written over ``lse``; empty on both sides: 0 and -inf; a NaN on either side: NaN),
     so one head's resident K/V is one range's;
   - ``probe_loads`` (a timing probe, never routed: its output is wrong): the loop's V loads, or K's and
-    V's, replaced by a bare barrier arrival, or every load from tile 0 / tile ``n % 16``. On an H100
+    V's, replaced by a bare barrier arrival, or every load from tile 0 / tile ``n % W`` (``win<W>``). On an H100
     (``benchmarks/results/fwd64_sm90_h100_probe_loads.json``, ``_prefetch.json``) the same chain with no
     loop loads is 1.40-1.47x the default, the same bytes from one tile 1.25-1.32x and from 16 tiles a head
     1.20-1.27x: the kernel waits on where its K / V bytes come from, not on the bytes or on its chain
