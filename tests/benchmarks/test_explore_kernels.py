@@ -25,6 +25,7 @@ def explore(load_script):
     ("W", {"probe_loads": "win16"}),
     ("win128", {"probe_loads": "win128"}),
     ("win64n", {"probe_loads": "win64", "lazy_vote": False}),
+    ("rot396", {"rotate_walk": 396}),
 ])
 def test_variant_grammar(explore, spec, want):
     assert explore.parse_variant(spec) == want
@@ -34,7 +35,7 @@ def test_variants_are_kernel_configurations(explore):
     pytest.importorskip("cutlass")
     from fastvideo_cute.kernels.cute.block_sparse_fwd64 import sm90_kernel_class
 
-    for spec in ("base", "q112l", "c2q", "e", "k2c2", "xh", "V", "K", "Z", "W", "win64", "win256"):
+    for spec in ("base", "q112l", "c2q", "e", "k2c2", "xh", "V", "K", "Z", "W", "win64", "win256", "rot396"):
         sm90_kernel_class()("bfloat16", 128, **explore.parse_variant(spec))
 
 

@@ -299,3 +299,29 @@ def test_load_probes_drop_only_the_loop_loads():
     with pytest.raises(ValueError, match="probe_loads"):
         sm90_kernel(probe_loads="skip_v", packed_steps=True)
 
+
+
+def test_rotate_walk_changes_only_where_the_walk_starts():
+    """``rotate_walk`` (resident CTAs a wave): the walk starts at a position set by the CTA's linear index and
+    wraps; the loads, the wgmma waits and the HGMMAs are the default build's; registers within the
+    three-CTAs-per-SM budget, no spill, no in-flight wgmma operand written. Refused beside the rings and
+    lists it is not written for; absent from the default's compile key."""
+    from fastvideo_cute.kernels.cute.block_sparse_fwd64 import sm90_kernel
+
+    base = _variant_report()
+    for config in ({}, {"fuse_gate": True, "store_out_s": True}):
+        report = _variant_report("block_sparse_fwd64_sm90_rotate", rotate_walk=396, **config)
+        print(report.line)
+        assert report.ok and report.spill == 0 and report.regs <= 168, report.line
+        assert report.count("HGMMA") == base.count("HGMMA")
+        assert report.count("WARPGROUP.DEPBAR") == base.count("WARPGROUP.DEPBAR")
+        assert inflight_operand_writes(report.sass) == []
+    assert report.count("UTMALDG") == _variant_report("block_sparse_fwd64_sm90_gate_train", fuse_gate=True,
+                                                      store_out_s=True).count("UTMALDG")
+    assert "rotate_walk" not in sm90_kernel().config() and sm90_kernel(rotate_walk=396).config()["rotate_walk"] == 396
+    with pytest.raises(ValueError, match="rotate_walk"):
+        sm90_kernel(rotate_walk=-1)
+    with pytest.raises(ValueError, match="rotate_walk"):
+        sm90_kernel(rotate_walk=396, packed_steps=True)
+    with pytest.raises(ValueError, match="rotate_walk"):
+        sm90_kernel(rotate_walk=396, k_stages=2, ctas_per_sm=2)

@@ -26,7 +26,9 @@ of a tile of at most 16 / 32 keys on the quarter / half of a thread's columns th
 lists packed by ``pack_steps`` so that every whole tile is a step and the 16-key pieces of the
 partial tiles go four to a step from any tiles (ragged pieces: K masked per piece, V's padding rows
 zeroed per piece); the random-sizes case packs pieces of every size. And ``l2_hints`` (``l2hints``; written
-2026-12-07 without a GPU run): L2 cache policies on the TMA copies, which must change nothing. ``test_every_list_length`` walks lists of 0-8 entries with
+2026-12-07 without a GPU run): L2 cache policies on the TMA copies, which must change nothing. And
+``rotate_walk`` (``rotate3``; written 2026-12-07 without a GPU run): each CTA's walk started at entry
+``((i % 3) * count) // 3`` of its list and wrapped, so every case walks rotated lists (equal to rounding). ``test_every_list_length`` walks lists of 0-8 entries with
 and without the gate, so every ring phase of the K/V slots and of the gate's slot is reached. ``test_lazy_rescale_*`` build score sequences whose max climbs in steps below and
 above the threshold, and one that only falls, so that both branches of the rescale run.
 
@@ -52,7 +54,8 @@ OUT_TOL = {torch.bfloat16: 1.6e-2, torch.float16: 2e-3}
 
 VARIANTS = {"default": None, "q112": {"q_regs": 112}, "eager": {"lazy_rescale": False},
             "novote": {"lazy_vote": False}, "partial": {"partial_loads": True},
-            "wide": {"narrow_tiles": False}, "packed": {"packed_steps": True}, "l2hints": {"l2_hints": True}}
+            "wide": {"narrow_tiles": False}, "packed": {"packed_steps": True}, "l2hints": {"l2_hints": True},
+            "rotate3": {"rotate_walk": 3}}
 
 
 @pytest.fixture(params=list(VARIANTS), ids=list(VARIANTS))

@@ -88,6 +88,11 @@ specialisation; the latency is hidden by three CTAs per SM, ``min_blocks_per_mp=
     loop loads is 1.40-1.47x the default, the same bytes from one tile 1.25-1.32x and from 16 tiles a head
     1.20-1.27x: the kernel waits on where its K / V bytes come from, not on the bytes or on its chain
     alone (docs/hopper-64-token.md);
+  - ``rotate_walk`` (a configuration, off; written without a GPU run): the CTA of linear index ``i`` walks
+    its list from entry ``((i % rotate_walk) * count) // rotate_walk``, wrapping around, so that CTAs
+    started one after another read neighbouring kv tiles at the same moment (the probes above put 20-30 %
+    of the time in the spread of the tiles the resident CTAs read). Deterministic; the output matches the
+    default to rounding (the sum runs in another order);
   - the pipeline is a configuration too (``k_stages`` 1-3 K slots, ``v_stages`` 2-3 V slots,
     ``ctas_per_sm``, ``stmatrix_epilogue``): with ``k_stages`` slots K[j + k_stages] is issued once
     S[j] retires, with three V slots V[j + 1] is issued at step j. The default (one K slot, two V
@@ -183,7 +188,7 @@ class BlockSparseFwd64Sm90(CuteKernel):
                  stmatrix_epilogue: bool = False, q_regs: int = 0, lazy_rescale: bool = True,
                  lazy_vote: Optional[bool] = None, partial_loads: bool = False, store_out_s: bool = False,
                  merge_prev: bool = False, narrow_tiles: bool = True, packed_steps: bool = False,
-                 l2_hints: bool = False, probe_loads: str = ""):
+                 l2_hints: bool = False, probe_loads: str = "", rotate_walk: int = 0):
         if dtype not in DTYPE_NAMES:
             raise ValueError(f"dtype must be one of {DTYPE_NAMES}, got {dtype!r}")
         if head_dim not in HEAD_DIMS:
@@ -241,6 +246,17 @@ class BlockSparseFwd64Sm90(CuteKernel):
             raise ValueError("probe_loads is a timing probe of the default build (no partial_loads, packed_steps, "
                              "fuse_gate; one K slot)")
         self.probe_loads = str(probe_loads)
+        # (off; written 2026-12-07 without a GPU run) the CTA of linear index i (grid x fastest) walks its list
+        # from entry ((i % rotate_walk) * count) // rotate_walk, wrapping around: with rotate_walk the resident
+        # CTAs of a wave, CTAs that start one after another in a staggered steady state read neighbouring kv
+        # tiles at the same moment (a sorted list's position tracks its kv index). Deterministic (no clock);
+        # the sum runs in another order, so the output matches the default to rounding only
+        if not 0 <= rotate_walk <= 4096:
+            raise ValueError(f"rotate_walk (resident CTAs a wave, 0 = off) must be in [0, 4096], got {rotate_walk!r}")
+        if rotate_walk and (partial_loads or packed_steps or (k_stages, v_stages) != (1, 2)):
+            raise ValueError("rotate_walk is written for the default rings and whole-tile lists (no partial_loads, "
+                             "packed_steps)")
+        self.rotate_walk = int(rotate_walk)
 
     def config(self) -> Mapping[str, Any]:
         return {"dtype": self.dtype_name, "head_dim": self.head_dim, "has_block_sizes": self.has_block_sizes,
@@ -250,7 +266,8 @@ class BlockSparseFwd64Sm90(CuteKernel):
                 "partial_loads": self.partial_loads, "store_out_s": self.store_out_s,
                 "merge_prev": self.merge_prev, "narrow_tiles": self.narrow_tiles, "packed_steps": self.packed_steps,
                 **({"l2_hints": True} if self.l2_hints else {}),
-                **({"probe_loads": self.probe_loads} if self.probe_loads else {})}
+                **({"probe_loads": self.probe_loads} if self.probe_loads else {}),
+                **({"rotate_walk": self.rotate_walk} if self.rotate_walk else {})}
 
     def fake_args(self) -> tuple:
         dt = _CUTE_DTYPES[self.dtype_name]
@@ -509,6 +526,12 @@ class BlockSparseFwd64Sm90(CuteKernel):
                 st_cur[c] = gIdx[c]
             width = width // STEP_WORDS
         count = cutlass.min(cutlass.max(mNum[qt, h, b], Int32(0)), width)
+        s0 = Int32(0)  # (rotate_walk) the list entry the walk starts from
+        if const_expr(self.rotate_walk > 0):
+            gdim = cute.arch.grid_dim()
+            lin = qt + gdim[0] * (h + gdim[1] * b)
+            s0 = ((lin % Int32(self.rotate_walk)) * count) // Int32(self.rotate_walk)
+            n_cur = gIdx[s0]
 
         if count > 0:
             # Prologue: K[0 .. ks-1] fill the K ring, V[0 .. vs-2] the V ring (V[j + vs - 2] is
@@ -534,7 +557,7 @@ class BlockSparseFwd64Sm90(CuteKernel):
                         self.load_tile(tma_atom_V, tVgV, tVsV, bar_v, tx["v"], i, gIdx[i])
             n_next = Int32(0)
             if count > 1:
-                n_next = gIdx[1]
+                n_next = gIdx[self.walk_pos(Int32(1), s0, count)]
             n_nn = Int32(0)  # (partial_loads) the list entry two ahead, and the next tile's size
             keys_nxt = Int32(BLOCK)
             if const_expr(self.packed_steps):
@@ -589,7 +612,7 @@ class BlockSparseFwd64Sm90(CuteKernel):
                         n_nn = gIdx[j + 2]
                 else:
                     if j + 1 < count:
-                        n_next = gIdx[j + 1]
+                        n_next = gIdx[self.walk_pos(j + 1, s0, count)]
                 n_k = n_next  # K[j + ks]'s tile: read now, issued once S[j] retires
                 if const_expr(ks > 1):
                     if j + ks < count:
@@ -756,6 +779,17 @@ class BlockSparseFwd64Sm90(CuteKernel):
         if const_expr(self.merge_prev):
             return Float32(mOutC[tOcO_mn[0, c][1], qt, h, b])
         return oc[c]
+
+    @cute.jit
+    def walk_pos(self, x: Int32, s0: Int32, count: Int32) -> Int32:
+        """The list position of the walk's step ``x`` (``x`` itself unless ``rotate_walk``: ``x + s0`` wrapped
+        at ``count``)."""
+        p = x
+        if const_expr(self.rotate_walk > 0):
+            p = x + s0
+            if p >= count:
+                p = p - count
+        return p
 
     @cute.jit
     def load_tile(self, tma_atom: cute.CopyAtom, tXgX: cute.Tensor, tXsX: cute.Tensor, bar, tx_bytes: cutlass.Constexpr,
