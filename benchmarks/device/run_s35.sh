@@ -6,10 +6,4 @@
 gpu=$(python3 -c "import torch;print('h200' if 'H200' in torch.cuda.get_device_name() else 'h100')")
 timeout ${T1:-400} python3 benchmarks/explore_fwd64_sm90.py --no-gate --rounds ${R:-3} --variants V K Z \
   --out $OUT/fwd64_sm90_${gpu}_probe_loads.json > $OUT/fwd64_sm90_${gpu}_probe_loads.log 2>&1
-python3 - "$OUT/fwd64_sm90_${gpu}_probe_loads.json" <<'PY'
-import json, sys
-r = json.load(open(sys.argv[1]))
-for row in r["timing"]:
-    print(row["seqlen"], row["tile"], "cudnn %.3f ours %.3f (%.3fx)" % (row["cudnn_ms"], row["ours_ms"], row["ours_vs_cudnn"]),
-          " ".join("%s %.3f ms (%.3fx base)" % (k, v["ms"], v["vs_base"]) for k, v in row["variants"].items()))
-PY
+python3 benchmarks/device/fwd_rows.py $OUT/fwd64_sm90_${gpu}_probe_loads.json

@@ -7,14 +7,7 @@
 gpu=$(python3 -c "import torch;print('h200' if 'H200' in torch.cuda.get_device_name() else 'h100')")
 timeout ${T1:-400} python3 benchmarks/explore_fwd64_sm90.py --no-gate --rounds ${R:-3} --variants ${VARS:-f1 f2 f4 W Y} \
   --out $OUT/fwd64_sm90_${gpu}_prefetch.json > $OUT/fwd64_sm90_${gpu}_prefetch.log 2>&1
-python3 - "$OUT/fwd64_sm90_${gpu}_prefetch.json" <<'PY'
-import json, sys
-r = json.load(open(sys.argv[1]))
-for row in r["timing"]:
-    print(row["seqlen"], row["tile"], "cudnn %.3f ours %.3f (%.3fx)" % (row["cudnn_ms"], row["ours_ms"], row["ours_vs_cudnn"]),
-          " ".join("%s %.3f ms (%.3fx base%s)" % (k, v["ms"], v["vs_base"], ", same bits" if v["bitwise_equal_base"] else "")
-                   for k, v in row["variants"].items()))
-PY
+python3 benchmarks/device/fwd_rows.py $OUT/fwd64_sm90_${gpu}_prefetch.json
 timeout ${T2:-90} python3 -m pytest -q -rA -m gpu tests/kernels/cute/test_block_sparse_fwd64_sm90_gpu.py -k prefetch2 \
   > $OUT/${gpu}_fwd64_prefetch2_tests.log 2>&1
 tail -2 $OUT/${gpu}_fwd64_prefetch2_tests.log

@@ -10,14 +10,7 @@ gpu=$(python3 -c "import torch;print('h200' if 'H200' in torch.cuda.get_device_n
 timeout ${T1:-400} python3 benchmarks/explore_fwd64_sm90.py --no-gate --rounds ${R:-3} --orders reversed shuffled \
   --variants ${VARS:-W win64 win128 win256 rot396} \
   --out $OUT/fwd64_sm90_${gpu}_locality.json > $OUT/fwd64_sm90_${gpu}_locality.log 2>&1
-python3 - "$OUT/fwd64_sm90_${gpu}_locality.json" <<'PY'
-import json, sys
-r = json.load(open(sys.argv[1]))
-for row in r["timing"]:
-    print(row["seqlen"], row["tile"], "cudnn %.3f ours %.3f (%.3fx)" % (row["cudnn_ms"], row["ours_ms"], row["ours_vs_cudnn"]),
-          " ".join("%s %.3f ms (%.3fx sorted)" % (k, v["ms"], v["vs_sorted"]) for k, v in row.get("orders", {}).items()),
-          " ".join("%s %.3f ms (%.3fx base)" % (k, v["ms"], v["vs_base"]) for k, v in row["variants"].items()))
-PY
+python3 benchmarks/device/fwd_rows.py $OUT/fwd64_sm90_${gpu}_locality.json
 timeout ${T2:-150} python3 -m pytest -q -rA -m gpu tests/kernels/cute/test_block_sparse_fwd64_sm90_gpu.py -k rotate3 \
   > $OUT/${gpu}_fwd64_rotate_tests.log 2>&1
 tail -2 $OUT/${gpu}_fwd64_rotate_tests.log

@@ -246,6 +246,8 @@ class BlockSparseFwd64Sm90(CuteKernel):
             raise ValueError("probe_loads is a timing probe of the default build (no partial_loads, packed_steps, "
                              "fuse_gate; one K slot)")
         self.probe_loads = str(probe_loads)
+        # (tile0 / win<W>) the loads' tile index taken modulo this window (0: not a window probe)
+        self.probe_window = 1 if probe_loads == "tile0" else int(probe_loads[3:]) if probe_loads.startswith("win") else 0
         # (off; written 2026-12-07 without a GPU run) the CTA of linear index i (grid x fastest) walks its list
         # from entry ((i % rotate_walk) * count) // rotate_walk, wrapping around: with rotate_walk the resident
         # CTAs of a wave, CTAs that start one after another in a staggered steady state read neighbouring kv
@@ -796,10 +798,8 @@ class BlockSparseFwd64Sm90(CuteKernel):
                   slot: Int32, n: Int32):
         """(warp 0) kv tile ``n`` into ring slot ``slot``, on that slot's transaction barrier."""
         bar.arrive_and_expect_tx(slot, tx_bytes)
-        if const_expr(self.probe_loads == "tile0"):
-            n = Int32(0)
-        elif const_expr(self.probe_loads.startswith("win")):
-            n = n % Int32(int(self.probe_loads[3:]))
+        if const_expr(self.probe_window > 0):
+            n = n % Int32(self.probe_window)
         cute.copy(tma_atom, tXgX[None, n], tXsX[None, slot], tma_bar_ptr=bar.get_barrier(slot),
                   **tma_policy(L2_EVICT_LAST if self.l2_hints else 0))
 
