@@ -3,9 +3,9 @@ lists of the kernel's ``packed_steps``; the Triton launch runs under ``TRITON_IN
 
 The words are decoded the way the kernel reads them (``block_sparse_fwd64_sm90``: a whole tile's
 step loads kv tile ``w0 >> 8``; otherwise slot ``c`` of the step holds 16-key piece ``w >> 6``, its
-first ``w & 31`` keys valid), and attention over the decoded keys is compared with the fp32
-reference over the unpacked map: what the kernel computes from these lists is the reference's
-output, whatever the packing. The packer's own word-by-word test is
+first ``w & 31`` keys valid), and the decoded keys are compared with those the fp32 reference's
+token mask allows over the unpacked map: what the kernel computes from these lists is the
+reference's output, whatever the packing. The packer's own word-by-word test is
 tests/kernels/triton/test_packed_steps.py; the kernel itself runs on the H200 only
 (tests/kernels/cute/test_block_sparse_fwd64_sm90_gpu.py, variant ``packed``).
 """
@@ -75,27 +75,26 @@ def test_wan_grid_lists_take_fewer_steps():
 
 
 @pytest.mark.parametrize("seed", [0, 1])
-def test_attention_over_the_decoded_steps_is_the_reference(seed):
-    """Softmax attention over each row's keys in step order (fp32, over the kernel's reading of the
-    words) against the reference over the unpacked map, with NaN in every padded K / V row (the
-    packing must never reach one)."""
+def test_decoded_steps_are_the_reference_masks_keys(seed):
+    """Each row tile's keys, read from the words the way the kernel reads them, are exactly the keys
+    the reference's token mask allows that row (``reference.block_token_mask`` over the unpacked map,
+    padded keys excluded), each once; a row tile with no key has an empty list and the reference's
+    row is 0 with LSE -inf. Attention over the same key set is the reference's by definition, so no
+    floating-point comparison is needed. (This replaced an fp32 attention comparison at 1e-5, which
+    one CI machine failed by 4.3e-5 on a logsumexp of ~3 while the keys were the same: rounding, not
+    packing; measured 6e-7 on this machine.)"""
     sizes, bm, idx, num = _grid_case(grid=(3, 5, 6), seed=seed)
     kvb, heads, d = sizes.numel(), bm.shape[1], 32
+    mask = reference.block_token_mask(bm, sizes, 64, 64)
     g = torch.Generator().manual_seed(seed + 10)
     q, k, v = (torch.randn(1, heads, 64 * kvb, d, generator=g) for _ in range(3))
-    pad = (torch.arange(64 * kvb) % 64) >= sizes.repeat_interleave(64)
-    k[:, :, pad] = float("nan")
-    v[:, :, pad] = float("nan")
     ro, rl = reference.block_sparse_attn_reference(q, k, v, bm, sizes, 64)
     steps, nsteps = A.pack_steps(idx, num, sizes, kv_len=64 * kvb)
-    scale = 1.0 / math.sqrt(d)
     for h in range(heads):
         for qt in range(kvb):
-            keys = [x for s in _decode_keys(steps[0, h, qt], int(nsteps[0, h, qt])) for x in s]
+            keys = sorted(x for s in _decode_keys(steps[0, h, qt], int(nsteps[0, h, qt])) for x in s)
             rows = slice(64 * qt, 64 * qt + 64)
+            assert (mask[0, h, rows] == mask[0, h, 64 * qt]).all()  # one key set per row tile
+            assert keys == mask[0, h, 64 * qt].nonzero().flatten().tolist(), (h, qt)
             if not keys:
                 assert (ro[0, h, rows] == 0).all() and torch.isneginf(rl[0, h, rows]).all()
-                continue
-            s = q[0, h, rows] @ k[0, h, keys].T * scale
-            torch.testing.assert_close(torch.softmax(s, -1) @ v[0, h, keys], ro[0, h, rows], atol=1e-5, rtol=1e-5)
-            torch.testing.assert_close(torch.logsumexp(s, -1), rl[0, h, rows], atol=1e-5, rtol=1e-5)
