@@ -75,7 +75,8 @@ def parse_variant(spec: str) -> dict:
     packed by ``pack_steps`` inside the timed call) and ``h`` (l2_hints: L2 policies on the TMA copies) anywhere, and the timing probes ``V`` / ``K`` / ``Z``
     (probe_loads skip_v / skip_kv / tile0: wrong outputs, the loop's bytes cut or always hit; ``W``:
     every load from a window of 16 tiles a head; ``win<n>``: of n tiles), ``rot<n>`` (rotate_walk=n: each
-    CTA's walk started at a position set by its launch order among n resident CTAs), e.g.
+    CTA's walk started at a position set by its launch order among n resident CTAs), ``pf<n>`` (tile_prefetch=n:
+    list entry j + n's K and V tiles asked into the L2 at step j), e.g.
     ``"q112l"`` (the kernel's defaults for what is left out; ``"base"`` is the default build)."""
     import re
 
@@ -89,6 +90,10 @@ def parse_variant(spec: str) -> dict:
     m = re.search(r"rot(\d+)", rest)  # (rotate_walk: resident CTAs a wave)
     if m:
         out["rotate_walk"] = int(m.group(1))
+        rest = rest[:m.start()] + rest[m.end():]
+    m = re.search(r"pf(\d+)", rest)  # (tile_prefetch: list entries ahead)
+    if m:
+        out["tile_prefetch"] = int(m.group(1))
         rest = rest[:m.start()] + rest[m.end():]
     if rest.endswith("st"):
         out["stmatrix_epilogue"], rest = True, rest[:-2]

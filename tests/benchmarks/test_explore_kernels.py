@@ -26,6 +26,8 @@ def explore(load_script):
     ("win128", {"probe_loads": "win128"}),
     ("win64n", {"probe_loads": "win64", "lazy_vote": False}),
     ("rot396", {"rotate_walk": 396}),
+    ("pf4", {"tile_prefetch": 4}),
+    ("rot396pf2", {"rotate_walk": 396, "tile_prefetch": 2}),
 ])
 def test_variant_grammar(explore, spec, want):
     assert explore.parse_variant(spec) == want
@@ -35,7 +37,7 @@ def test_variants_are_kernel_configurations(explore):
     pytest.importorskip("cutlass")
     from fastvideo_cute.kernels.cute.block_sparse_fwd64 import sm90_kernel_class
 
-    for spec in ("base", "q112l", "c2q", "e", "k2c2", "xh", "V", "K", "Z", "W", "win64", "win256", "rot396"):
+    for spec in ("base", "q112l", "c2q", "e", "k2c2", "xh", "V", "K", "Z", "W", "win64", "win256", "rot396", "pf4"):
         sm90_kernel_class()("bfloat16", 128, **explore.parse_variant(spec))
 
 

@@ -325,3 +325,27 @@ def test_rotate_walk_changes_only_where_the_walk_starts():
         sm90_kernel(rotate_walk=396, packed_steps=True)
     with pytest.raises(ValueError, match="rotate_walk"):
         sm90_kernel(rotate_walk=396, k_stages=2, ctas_per_sm=2)
+
+
+def test_tile_prefetch_adds_only_tensor_prefetches():
+    """``tile_prefetch`` (list entries ahead): tensor prefetches into the L2 (``UTMAPF``, one per K or V tile;
+    the default build has none) beside the default build's loads, HGMMAs and wgmma waits; registers within
+    the three-CTAs-per-SM budget, no spill. Refused at distance 1 (K[j + 1] is loaded at step j), beside
+    the rings and lists it is not written for; absent from the default's compile key."""
+    from fastvideo_cute.kernels.cute.block_sparse_fwd64 import sm90_kernel
+
+    base = _variant_report()
+    assert base.count("UTMAPF") == 0
+    for p in (2, 4):
+        report = _variant_report(f"block_sparse_fwd64_sm90_prefetch{p}", tile_prefetch=p)
+        print(report.line)
+        assert report.ok and report.spill == 0 and report.regs <= 168, report.line
+        assert report.count("UTMAPF") > 0 and report.count("UTMAPF") % 2 == 0  # K and V in pairs
+        for op in ("UTMALDG", "HGMMA", "WARPGROUP.DEPBAR"):
+            assert report.count(op) == base.count(op), op
+        assert inflight_operand_writes(report.sass) == []
+    assert "tile_prefetch" not in sm90_kernel().config() and sm90_kernel(tile_prefetch=4).config()["tile_prefetch"] == 4
+    for bad in ({"tile_prefetch": 1}, {"tile_prefetch": 9}, {"tile_prefetch": 2, "packed_steps": True},
+                {"tile_prefetch": 2, "probe_loads": "tile0"}, {"tile_prefetch": 2, "k_stages": 2, "ctas_per_sm": 2}):
+        with pytest.raises(ValueError, match="tile_prefetch"):
+            sm90_kernel(**bad)

@@ -28,7 +28,9 @@ partial tiles go four to a step from any tiles (ragged pieces: K masked per piec
 zeroed per piece); the random-sizes case packs pieces of every size. And ``l2_hints`` (``l2hints``; written
 2026-12-07 without a GPU run): L2 cache policies on the TMA copies, which must change nothing. And
 ``rotate_walk`` (``rotate3``; written 2026-12-07 without a GPU run): each CTA's walk started at entry
-``((i % 3) * count) // 3`` of its list and wrapped, so every case walks rotated lists (equal to rounding). ``test_every_list_length`` walks lists of 0-8 entries with
+``((i % 3) * count) // 3`` of its list and wrapped, so every case walks rotated lists (equal to rounding). And
+``tile_prefetch`` (``prefetch3``; written 2026-12-08 without a GPU run): list entry j + 3's K and V tiles asked
+into the L2 at step j (hints only: the same bits as the default). ``test_every_list_length`` walks lists of 0-8 entries with
 and without the gate, so every ring phase of the K/V slots and of the gate's slot is reached. ``test_lazy_rescale_*`` build score sequences whose max climbs in steps below and
 above the threshold, and one that only falls, so that both branches of the rescale run.
 
@@ -55,7 +57,7 @@ OUT_TOL = {torch.bfloat16: 1.6e-2, torch.float16: 2e-3}
 VARIANTS = {"default": None, "q112": {"q_regs": 112}, "eager": {"lazy_rescale": False},
             "novote": {"lazy_vote": False}, "partial": {"partial_loads": True},
             "wide": {"narrow_tiles": False}, "packed": {"packed_steps": True}, "l2hints": {"l2_hints": True},
-            "rotate3": {"rotate_walk": 3}}
+            "rotate3": {"rotate_walk": 3}, "prefetch3": {"tile_prefetch": 3}}
 
 
 @pytest.fixture(params=list(VARIANTS), ids=list(VARIANTS))
@@ -229,6 +231,21 @@ def test_65536_tokens_run_to_run_bitwise(variant):
     b = _run(q, k, v, bm, sizes, True, variant=variant)
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
     assert torch.isfinite(a[0]).all()
+
+
+@pytest.mark.parametrize("hint", [{"l2_hints": True}, {"tile_prefetch": 2}, {"tile_prefetch": 8}],
+                         ids=["l2hints", "prefetch2", "prefetch8"])
+def test_cache_hints_give_the_default_bits(hint):
+    """L2 policies and tensor prefetches are hints: the same bits as the default build, on lists of 0 to
+    width entries (a prefetch distance past the list's end issues none), padding poisoned."""
+    q, k, v, bm, sizes = _case(True, 2, 2, 1024, 1024, 128, torch.bfloat16, {2: 0, 5: 17, 7: 32})
+    _poison_padding(k, sizes, True, float("nan"))
+    _poison_padding(v, sizes, True, float("inf"))
+    bm[0, 1, :, 9:] = False  # short lists: 2 or 3 entries, shorter than the farthest prefetch
+    want = _run(q, k, v, bm, sizes, True)
+    got = _run(q, k, v, bm, sizes, True, variant=hint)
+    assert torch.isfinite(got[0]).all()
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
 @pytest.mark.parametrize("bshd", [False, True], ids=["bhsd", "bshd"])

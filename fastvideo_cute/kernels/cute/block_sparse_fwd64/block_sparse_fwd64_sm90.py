@@ -93,6 +93,10 @@ specialisation; the latency is hidden by three CTAs per SM, ``min_blocks_per_mp=
     started one after another read neighbouring kv tiles at the same moment (the probes above put 20-30 %
     of the time in the spread of the tiles the resident CTAs read). Deterministic; the output matches the
     default to rounding (the sum runs in another order);
+  - ``tile_prefetch = p`` (a configuration, off; written without a GPU run): at step j warp 0 asks the L2
+    for list entry j + p's K and V tiles, one tensor prefetch (``UTMAPF``) of the loads' TMA box each. It
+    tests whether the spread above is a cost of reaching the lines or of their absence; hints only, the
+    same bits;
   - the pipeline is a configuration too (``k_stages`` 1-3 K slots, ``v_stages`` 2-3 V slots,
     ``ctas_per_sm``, ``stmatrix_epilogue``): with ``k_stages`` slots K[j + k_stages] is issued once
     S[j] retires, with three V slots V[j + 1] is issued at step j. The default (one K slot, two V
@@ -188,7 +192,7 @@ class BlockSparseFwd64Sm90(CuteKernel):
                  stmatrix_epilogue: bool = False, q_regs: int = 0, lazy_rescale: bool = True,
                  lazy_vote: Optional[bool] = None, partial_loads: bool = False, store_out_s: bool = False,
                  merge_prev: bool = False, narrow_tiles: bool = True, packed_steps: bool = False,
-                 l2_hints: bool = False, probe_loads: str = "", rotate_walk: int = 0):
+                 l2_hints: bool = False, probe_loads: str = "", rotate_walk: int = 0, tile_prefetch: int = 0):
         if dtype not in DTYPE_NAMES:
             raise ValueError(f"dtype must be one of {DTYPE_NAMES}, got {dtype!r}")
         if head_dim not in HEAD_DIMS:
@@ -259,6 +263,16 @@ class BlockSparseFwd64Sm90(CuteKernel):
             raise ValueError("rotate_walk is written for the default rings and whole-tile lists (no partial_loads, "
                              "packed_steps)")
         self.rotate_walk = int(rotate_walk)
+        # (off; written 2026-12-08 without a GPU run) at step j warp 0 asks the L2 for list entry j + p's K and V
+        # tiles, one tensor prefetch (cp.async.bulk.prefetch.tensor, SASS UTMAPF) a tile: the same TMA boxes the
+        # loads read, so two requests a step (the removed per-row l2_prefetch sent 128). Hints only: the same bits
+        if not 0 <= tile_prefetch <= 8 or tile_prefetch == 1:
+            raise ValueError(f"tile_prefetch (list entries ahead, 0 = off; K[j + 1] is loaded at step j) must be 0 or "
+                             f"in [2, 8], got {tile_prefetch!r}")
+        if tile_prefetch and (partial_loads or packed_steps or probe_loads or (k_stages, v_stages) != (1, 2)):
+            raise ValueError("tile_prefetch is written for the default rings and whole-tile lists (no partial_loads, "
+                             "packed_steps, probe_loads)")
+        self.tile_prefetch = int(tile_prefetch)
 
     def config(self) -> Mapping[str, Any]:
         return {"dtype": self.dtype_name, "head_dim": self.head_dim, "has_block_sizes": self.has_block_sizes,
@@ -269,7 +283,8 @@ class BlockSparseFwd64Sm90(CuteKernel):
                 "merge_prev": self.merge_prev, "narrow_tiles": self.narrow_tiles, "packed_steps": self.packed_steps,
                 **({"l2_hints": True} if self.l2_hints else {}),
                 **({"probe_loads": self.probe_loads} if self.probe_loads else {}),
-                **({"rotate_walk": self.rotate_walk} if self.rotate_walk else {})}
+                **({"rotate_walk": self.rotate_walk} if self.rotate_walk else {}),
+                **({"tile_prefetch": self.tile_prefetch} if self.tile_prefetch else {})}
 
     def fake_args(self) -> tuple:
         dt = _CUTE_DTYPES[self.dtype_name]
@@ -557,6 +572,9 @@ class BlockSparseFwd64Sm90(CuteKernel):
                 for i in cutlass.range_constexpr(1, vs - 1):
                     if i < count:
                         self.load_tile(tma_atom_V, tVgV, tVsV, bar_v, tx["v"], i, gIdx[i])
+                for i in cutlass.range_constexpr(1, self.tile_prefetch):  # (tile_prefetch) entries 1 .. p-1
+                    if i < count:
+                        self.prefetch_tile(tma_atom_K, tKgK, tma_atom_V, tVgV, gIdx[self.walk_pos(Int32(i), s0, count)])
             n_next = Int32(0)
             if count > 1:
                 n_next = gIdx[self.walk_pos(Int32(1), s0, count)]
@@ -637,6 +655,10 @@ class BlockSparseFwd64Sm90(CuteKernel):
                     else:
                         self.load_tile(tma_atom_V, tVgV, tVsV, bar_v, tx["v"], (j + vs - 2) % vs,
                                        n_cur if const_expr(vs == 2) else n_next)
+                if const_expr(self.tile_prefetch > 0):  # entry j + p's tiles into the L2
+                    if warp_idx == 0 and j + self.tile_prefetch < count:
+                        self.prefetch_tile(tma_atom_K, tKgK, tma_atom_V, tVgV,
+                                           gIdx[self.walk_pos(j + self.tile_prefetch, s0, count)])
                 k_slot = j % ks
                 bar_k.wait(k_slot, (j // ks) % 2)
                 self.gemm_s(mma_qk, mma_qk_rs, acc_S, tSrQ, tSrQr, tSrK[None, None, None, k_slot])
@@ -792,6 +814,14 @@ class BlockSparseFwd64Sm90(CuteKernel):
             if p >= count:
                 p = p - count
         return p
+
+    @cute.jit
+    def prefetch_tile(self, tma_atom_K: cute.CopyAtom, tKgK: cute.Tensor, tma_atom_V: cute.CopyAtom, tVgV: cute.Tensor,
+                      n: Int32):
+        """(warp 0, ``tile_prefetch``) kv tile ``n``'s K and V boxes asked into the L2: one tensor prefetch each,
+        no barrier, no shared memory."""
+        cute.prefetch(tma_atom_K, tKgK[None, n])
+        cute.prefetch(tma_atom_V, tVgV[None, n])
 
     @cute.jit
     def load_tile(self, tma_atom: cute.CopyAtom, tXgX: cute.Tensor, tXsX: cute.Tensor, bar, tx_bytes: cutlass.Constexpr,
