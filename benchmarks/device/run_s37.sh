@@ -5,7 +5,9 @@
 #     (rotate3, prefetch3, the cache-hint bitwise test);
 #   PART=ncu (~4 min): Nsight Compute on the default, tile0 and win16 builds (one launch each beside cuDNN's,
 #     S = 32768): memory and warp-state sections, then the L2 counters that this ncu knows among the fabric ones
-#     (sectors that crossed between the two L2 partitions), so an unknown name cannot sink the pass.
+#     (sectors that crossed between the two L2 partitions), so an unknown name cannot sink the pass. The L2's
+#     sectors against the bytes the loads move also say whether reads of one tile by many CTAs at once are
+#     merged before the L2 (tile0 far below the default's count would mean lockstep walks pay).
 . .gpu/e/setup.sh
 gpu=$(python3 -c "import torch;print('h200' if 'H200' in torch.cuda.get_device_name() else 'h100')")
 if [ "${PART:-bench}" = bench ]; then
@@ -20,7 +22,8 @@ fi
 if [ "$PART" = ncu ]; then
   want="lts__t_sectors.sum lts__t_sector_hit_rate.pct lts__t_sectors_srcunit_ltcfabric.sum
         lts__t_sectors_srcunit_ltcfabric_lookup_hit.sum lts__t_sectors_srcunit_ltcfabric_lookup_miss.sum
-        lts__t_sectors_srcunit_tex.sum lts__t_sectors_srcunit_tex_lookup_hit.sum lts__average_t_sector_hit_rate_realtime.pct"
+        lts__t_sectors_srcunit_tex.sum lts__t_sectors_srcunit_tex_lookup_hit.sum lts__t_requests_srcunit_tex.sum
+        dram__bytes_read.sum"
   ncu --query-metrics > $OUT/ncu_metrics.txt 2>&1
   M=$(for m in $want; do grep -q "^${m%.*} " $OUT/ncu_metrics.txt && printf '%s,' $m; done); M=${M%,}
   echo "metrics: $M"
