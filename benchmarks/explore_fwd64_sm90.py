@@ -227,6 +227,12 @@ def timing(args):
             o_r, _ = ours(q, k, v, idx_r, num, sizes, bshd=True)
             row.setdefault("orders_max_abs_diff_out", {})[order] = float((o_r.float() - o_o.float()).abs().max())
             fns[f"ours[order:{order}]"] = (lambda idx_r=idx_r: ours(q, k, v, idx_r, num, sizes, bshd=True))
+        if args.bhsd:  # the same case in BHSD (a head's K / V contiguous): does the address span matter?
+            qh, kh, vh = case.q, case.k, case.v
+            o_h, _ = ours(qh, kh, vh, idx, num, sizes, bshd=False)
+            row["bhsd_max_abs_diff_out"] = float((o_h.transpose(1, 2).float() - o_o.float()).abs().max())
+            fns["ours[layout:bhsd]"] = lambda: ours(qh, kh, vh, idx, num, sizes, bshd=False)
+            fns["cudnn[layout:bhsd]"] = lambda: C.cudnn_fwd_prebuilt(qh, kh, vh, cm, bshd=False, softmax_scale=None)
         for n in args.kv_splits:  # the kv-range split of the adapter (one launch per range, merged)
             o_s, l_s = ours(q, k, v, idx, num, sizes, bshd=True, kv_splits=n)
             row.setdefault("kv_splits_max_abs_diff_out", {})[str(n)] = float((o_s.float() - o_o.float()).abs().max())
@@ -271,6 +277,10 @@ def timing(args):
         for order in args.orders:
             ms_r = med[f"ours[order:{order}]"]
             row.setdefault("orders", {})[order] = {"ms": ms_r, "vs_cudnn": ms_c / ms_r, "vs_sorted": ms_o / ms_r}
+        if args.bhsd:
+            row["bhsd"] = {"ours_ms": med["ours[layout:bhsd]"], "cudnn_ms": med["cudnn[layout:bhsd]"],
+                           "ours_vs_cudnn": med["cudnn[layout:bhsd]"] / med["ours[layout:bhsd]"],
+                           "ours_bshd_over_bhsd": ms_o / med["ours[layout:bhsd]"]}
         if "cudnn+v_copy" in med:
             row["cudnn_with_v_copy_ms"] = med["cudnn+v_copy"]
             row["ours_vs_cudnn_with_v_copy"] = med["cudnn+v_copy"] / ms_o
@@ -294,6 +304,8 @@ def main(argv=None):
     ap.add_argument("--out", default=None)
     ap.add_argument("--orders", nargs="*", default=[],
                     help="time the default on the same lists walked reversed / shuffled within each row")
+    ap.add_argument("--bhsd", action="store_true",
+                    help="also time ours and cuDNN on the same case in BHSD (the table's layout; the rest is BSHD)")
     ap.add_argument("--kv-splits", type=int, nargs="*", default=[],
                     help="also time the adapter's kv-range split forward with these range counts")
     ap.add_argument("--warmup", type=int, default=10)

@@ -1,6 +1,6 @@
 # Device side, for the session after 2026-12-08's thirty-sixth (written then, not yet run). After call 1 (stage);
 # carry [".gpu/b", ".gpu/e"]; results under $OUT. Two calls:
-#   PART=bench (default, ~5 min): run_s36's locality measurements plus the tensor L2 prefetch (tile_prefetch 2 / 4,
+#   PART=bench (default, ~5 min): run_s36's locality measurements, the same cases in BHSD, the tensor L2 prefetch (tile_prefetch 2 / 4,
 #     alone and on the rotated walk) beside cuDNN's blk64 forward, then the fwd64 GPU suite on the new builds
 #     (rotate3, prefetch3, the cache-hint bitwise test);
 #   PART=ncu (~4 min): Nsight Compute on the default, tile0 and win16 builds (one launch each beside cuDNN's,
@@ -11,7 +11,7 @@
 . .gpu/e/setup.sh
 gpu=$(python3 -c "import torch;print('h200' if 'H200' in torch.cuda.get_device_name() else 'h100')")
 if [ "${PART:-bench}" = bench ]; then
-  timeout ${T1:-420} python3 benchmarks/explore_fwd64_sm90.py --no-gate --rounds ${R:-3} --orders reversed shuffled \
+  timeout ${T1:-420} python3 benchmarks/explore_fwd64_sm90.py --no-gate --rounds ${R:-3} --orders reversed shuffled --bhsd \
     --variants ${VARS:-W win64 win256 rot396 pf2 pf4 rot396pf2} \
     --out $OUT/fwd64_sm90_${gpu}_locality.json > $OUT/fwd64_sm90_${gpu}_locality.log 2>&1
   python3 benchmarks/device/fwd_rows.py $OUT/fwd64_sm90_${gpu}_locality.json
