@@ -344,6 +344,9 @@ def test_tile_prefetch_adds_only_tensor_prefetches():
         for op in ("UTMALDG", "HGMMA", "WARPGROUP.DEPBAR"):
             assert report.count(op) == base.count(op), op
         assert inflight_operand_writes(report.sass) == []
+    gate = _variant_report("block_sparse_fwd64_sm90_prefetch_gate", fuse_gate=True, store_out_s=True, tile_prefetch=4)
+    print(gate.line)  # the VSA route's build (the gate fused): measured 156 registers
+    assert gate.ok and gate.spill == 0 and gate.regs <= 168 and gate.count("UTMAPF") > 0, gate.line
     assert "tile_prefetch" not in sm90_kernel().config() and sm90_kernel(tile_prefetch=4).config()["tile_prefetch"] == 4
     for bad in ({"tile_prefetch": 1}, {"tile_prefetch": 9}, {"tile_prefetch": 2, "packed_steps": True},
                 {"tile_prefetch": 2, "probe_loads": "tile0"}, {"tile_prefetch": 2, "k_stages": 2, "ctas_per_sm": 2}):
