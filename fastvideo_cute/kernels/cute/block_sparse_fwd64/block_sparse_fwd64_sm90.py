@@ -94,7 +94,7 @@ specialisation; the latency is hidden by three CTAs per SM, ``min_blocks_per_mp=
     of the time in the spread of the tiles the resident CTAs read). Deterministic; the output matches the
     default to rounding (the sum runs in another order);
   - ``tile_prefetch = p`` (a configuration, off; written without a GPU run): at step j warp 0 asks the L2
-    for list entry j + p's K and V tiles, one tensor prefetch (``UTMAPF``) of the loads' TMA box each. It
+    for list entry j + p's K and V tiles, tensor prefetches (``UTMAPF``) of the loads' TMA boxes. It
     tests whether the spread above is a cost of reaching the lines or of their absence; hints only, the
     same bits;
   - the pipeline is a configuration too (``k_stages`` 1-3 K slots, ``v_stages`` 2-3 V slots,
@@ -264,8 +264,8 @@ class BlockSparseFwd64Sm90(CuteKernel):
                              "packed_steps)")
         self.rotate_walk = int(rotate_walk)
         # (off; written 2026-12-08 without a GPU run) at step j warp 0 asks the L2 for list entry j + p's K and V
-        # tiles, one tensor prefetch (cp.async.bulk.prefetch.tensor, SASS UTMAPF) a tile: the same TMA boxes the
-        # loads read, so two requests a step (the removed per-row l2_prefetch sent 128). Hints only: the same bits
+        # tiles by tensor prefetches (cp.async.bulk.prefetch.tensor, SASS UTMAPF) of the TMA boxes the loads read,
+        # two 64-column boxes a tile: four requests a step (the removed per-row l2_prefetch sent 128). Hints only
         if not 0 <= tile_prefetch <= 8 or tile_prefetch == 1:
             raise ValueError(f"tile_prefetch (list entries ahead, 0 = off; K[j + 1] is loaded at step j) must be 0 or "
                              f"in [2, 8], got {tile_prefetch!r}")
@@ -818,8 +818,8 @@ class BlockSparseFwd64Sm90(CuteKernel):
     @cute.jit
     def prefetch_tile(self, tma_atom_K: cute.CopyAtom, tKgK: cute.Tensor, tma_atom_V: cute.CopyAtom, tVgV: cute.Tensor,
                       n: Int32):
-        """(warp 0, ``tile_prefetch``) kv tile ``n``'s K and V boxes asked into the L2: one tensor prefetch each,
-        no barrier, no shared memory."""
+        """(warp 0, ``tile_prefetch``) kv tile ``n``'s K and V boxes asked into the L2: one tensor prefetch a box
+        (two a tile), no barrier, no shared memory."""
         cute.prefetch(tma_atom_K, tKgK[None, n])
         cute.prefetch(tma_atom_V, tVgV[None, n])
 
