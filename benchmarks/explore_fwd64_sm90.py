@@ -83,18 +83,14 @@ def parse_variant(spec: str) -> dict:
     out, rest = {}, spec
     if rest == "base":
         return out
-    m = re.search(r"win(\d+)", rest)  # (the working-set probe at any window, before the one-letter flags)
-    if m:
-        out["probe_loads"] = f"win{m.group(1)}"
-        rest = rest[:m.start()] + rest[m.end():]
-    m = re.search(r"rot(\d+)", rest)  # (rotate_walk: resident CTAs a wave)
-    if m:
-        out["rotate_walk"] = int(m.group(1))
-        rest = rest[:m.start()] + rest[m.end():]
-    m = re.search(r"pf(\d+)", rest)  # (tile_prefetch: list entries ahead)
-    if m:
-        out["tile_prefetch"] = int(m.group(1))
-        rest = rest[:m.start()] + rest[m.end():]
+    # the numbered words first (their letters would read as one-letter flags): the working-set probe at any
+    # window, rotate_walk (resident CTAs a wave), tile_prefetch (list entries ahead)
+    for word, key, value in (("win", "probe_loads", lambda n: f"win{n}"), ("rot", "rotate_walk", int),
+                             ("pf", "tile_prefetch", int)):
+        m = re.search(word + r"(\d+)", rest)
+        if m:
+            out[key] = value(m.group(1))
+            rest = rest[:m.start()] + rest[m.end():]
     if rest.endswith("st"):
         out["stmatrix_epilogue"], rest = True, rest[:-2]
     for key, val in re.findall(r"([kvc])(\d)", rest):

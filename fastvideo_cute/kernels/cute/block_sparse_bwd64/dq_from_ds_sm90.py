@@ -64,9 +64,8 @@ class BlockSparseDq64Sm90(CuteKernel):
         """``stages`` / ``ctas_per_sm``: the ring's depth and the CTAs an SM holds (defaults: the split chain's
         ring, ``adapters/cute_sm90_bwd64_split.DQ_CONFIG``, measured there; that build also turns the first
         hint on); ``ds_evict_first``: the dS tiles (read once, from DRAM) loaded with the L2 policy
-        evict_first, ``k_evict_last``: the K tiles
-        (read by every q block that selected them) with evict_last, so that the stream of dS does not push
-        the head's K out of the L2 (cache hints only: the same bits)."""
+        evict_first, ``k_evict_last``: the K tiles (read by every q block that selected them) with evict_last,
+        so that the stream of dS does not push the head's K out of the L2 (cache hints only: the same bits)."""
         if stages not in (2, 3, 4):
             raise ValueError(f"stages must be 2, 3 or 4, got {stages}")
         if ctas_per_sm not in (1, 2, 3):
